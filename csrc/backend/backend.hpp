@@ -1,0 +1,93 @@
+// DdpliteBackend: the c10d::Backend that torch.distributed calls for backend="ddplite".
+//
+// One object serves CPU and CUDA tensors of one process group (torch registers the same object
+// for both devices). Every collective is validated on the caller's thread, given the group's next
+// sequence number, and queued to the worker thread, which runs it through the CPU transport and
+// completes its Work. CUDA tensors are refused until the NCCL path lands (dispatchDevice).
+//
+// Failure model: the first transport failure (peer closed, timeout, I/O error) records its cause
+// in the store, aborts this rank's connections (so peers fail promptly instead of hanging) and
+// leaves the group unusable; later collectives fail at once with the recorded cause.
+#pragma once
+
+#include "backend/work.hpp"
+#include "backend/worker.hpp"
+#include "common/errors.hpp"
+#include "cpu/algorithms/algorithm.hpp"
+#include "cpu/collectives.hpp"
+#include "cpu/transport/transport.hpp"
+#include "rendezvous/store.hpp"
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace ddplite {
+
+class DdpliteBackend final : public c10d::Backend {
+ public:
+  static constexpr const char* kName = "ddplite";
+
+  // Collective over the group: connects every pair of ranks before returning.
+  DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout);
+  ~DdpliteBackend() override;
+
+  const std::string getBackendName() const override { return kName; }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  // abort(): fail pending and future collectives now. shutdown(): finish pending ones, then
+  // close. Both idempotent; destroy_process_group() calls shutdown().
+  void abort() override;
+  void shutdown() override;
+
+ private:
+  using CpuBody = std::function<void(const cpu::CpuContext&)>;
+
+  // Context for messages about the op about to be issued (its sequence number is the next one).
+  OpContext nextContext(const char* op) const;
+  // Refuses devices the backend cannot serve yet.
+  void dispatchDevice(const OpContext& ctx, const at::Tensor& tensor) const;
+  std::chrono::milliseconds resolveTimeout(std::chrono::milliseconds requested) const;
+  c10::intrusive_ptr<c10d::Work> enqueue(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
+                                         std::chrono::milliseconds timeout, CpuBody body);
+  void runOnWorker(DdpliteWork& work, std::chrono::milliseconds timeout, const CpuBody& body);
+  std::exception_ptr failureFromTransport(const OpContext& ctx, const TransportError& error);
+  void markBroken(const std::string& reason);
+  void throwIfBroken(const OpContext& ctx);
+
+  StoreRendezvous rendezvous_;
+  std::atomic<int64_t> timeoutMs_;
+  std::unique_ptr<Transport> transport_;
+  cpu::Scratch scratch_;  // worker thread only
+
+  std::mutex enqueueMutex_;     // makes "assign seq + enqueue" atomic
+  std::atomic<uint64_t> seq_{0};
+
+  std::mutex brokenMutex_;
+  std::string brokenReason_;    // non-empty once the group is unusable
+
+  std::atomic<bool> closed_{false};
+  std::unique_ptr<Worker> worker_;  // last member: its thread uses everything above
+};
+
+c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                std::chrono::milliseconds timeout);
+
+}  // namespace ddplite

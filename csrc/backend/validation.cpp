@@ -1,0 +1,69 @@
+#include "backend/validation.hpp"
+
+#include "cpu/reduce_kernels.hpp"
+
+namespace ddplite::validation {
+
+const at::Tensor& singleTensor(const OpContext& ctx, const std::vector<at::Tensor>& tensors, const char* what) {
+  if (tensors.size() != 1) {
+    throwValueError(ctx, strCat("expected exactly one ", what, " tensor per process, got ", tensors.size()),
+                    "ddplite runs one tensor per process per collective; pass a single tensor");
+  }
+  checkTensor(ctx, tensors[0], what);
+  return tensors[0];
+}
+
+void checkTensor(const OpContext& ctx, const at::Tensor& tensor, const char* what) {
+  if (!tensor.defined()) {
+    throwValueError(ctx, strCat("the ", what, " tensor is undefined"), "pass a real tensor");
+  }
+  if (tensor.layout() != c10::kStrided) {
+    throwValueError(ctx, strCat("the ", what, " tensor is ", tensor.layout(), "; ddplite supports dense tensors only"),
+                    "convert it with tensor.to_dense() (sparse gradients: use a dense embedding, or gloo)");
+  }
+  if (!cpu::isSupportedDtype(tensor.scalar_type())) {
+    throwValueError(ctx, strCat("dtype ", tensor.scalar_type(), " of the ", what, " tensor is not supported"),
+                    "supported dtypes: float32, float64, float16, bfloat16, int8, uint8, int32, int64, bool");
+  }
+  if (!tensor.device().is_cpu() && !tensor.device().is_cuda()) {
+    throwValueError(ctx, strCat("the ", what, " tensor is on ", tensor.device(), "; ddplite serves cpu and cuda"),
+                    "move the tensor to the CPU");
+  }
+}
+
+void checkRoot(const OpContext& ctx, int64_t root) {
+  if (root < 0 || root >= ctx.size) {
+    throwValueError(ctx, strCat("root rank ", root, " is out of range [0, ", ctx.size, ")"),
+                    "src/dst must be a rank of this group (for a subgroup, pass the global rank to "
+                    "torch.distributed, which translates it)");
+  }
+}
+
+void checkReduceOp(const OpContext& ctx, const at::Tensor& tensor, const c10d::ReduceOp& op) {
+  std::string problem = cpu::reduceOpProblem(tensor.scalar_type(), op.op_);
+  if (!problem.empty()) {
+    throwValueError(ctx, problem, "choose a ReduceOp defined for this dtype, or convert the tensor");
+  }
+}
+
+void checkMatches(const OpContext& ctx, const at::Tensor& reference, const at::Tensor& other, const char* what) {
+  checkTensor(ctx, other, what);
+  if (other.scalar_type() != reference.scalar_type() || other.numel() != reference.numel()) {
+    throwValueError(ctx,
+                    strCat("the ", what, " tensor (", other.scalar_type(), ", ", other.numel(),
+                           " elements) does not match the input (", reference.scalar_type(), ", ",
+                           reference.numel(), " elements)"),
+                    "every tensor of one collective must have the input's dtype and size");
+  }
+}
+
+void checkSameDevice(const OpContext& ctx, const std::vector<at::Tensor>& tensors) {
+  for (const auto& tensor : tensors) {
+    if (tensor.device().type() != tensors.front().device().type()) {
+      throwValueError(ctx, strCat("tensors on ", tensors.front().device(), " and ", tensor.device(), " in one call"),
+                      "put every tensor of one collective on the same device");
+    }
+  }
+}
+
+}  // namespace ddplite::validation

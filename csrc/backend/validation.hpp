@@ -1,0 +1,30 @@
+// Argument checks, run on the caller's thread before anything is queued, so bad input raises a
+// ValueError at the call site and never reaches (or desynchronises) the wire.
+#pragma once
+
+#include "common/errors.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <vector>
+
+namespace ddplite::validation {
+
+// Exactly one tensor per call (one tensor per process, as torch.distributed passes).
+const at::Tensor& singleTensor(const OpContext& ctx, const std::vector<at::Tensor>& tensors, const char* what);
+
+// Dense, of a supported dtype, on CPU or CUDA.
+void checkTensor(const OpContext& ctx, const at::Tensor& tensor, const char* what);
+
+void checkRoot(const OpContext& ctx, int64_t root);
+
+void checkReduceOp(const OpContext& ctx, const at::Tensor& tensor, const c10d::ReduceOp& op);
+
+// Same dtype and number of elements as `reference`.
+void checkMatches(const OpContext& ctx, const at::Tensor& reference, const at::Tensor& other, const char* what);
+
+// Same device type for every tensor in the call.
+void checkSameDevice(const OpContext& ctx, const std::vector<at::Tensor>& tensors);
+
+}  // namespace ddplite::validation

@@ -1,0 +1,42 @@
+// The Work object ddplite returns for every collective.
+//
+// Life cycle: created on the caller's thread, completed exactly once on the worker thread
+// (markFinished). The future (getFuture) completes with the list of output tensors, which is
+// what DDP's comm hooks and finalize_backward read; on failure it carries the same
+// DistBackendError that wait() raises.
+#pragma once
+
+#include "common/errors.hpp"
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <vector>
+
+namespace ddplite {
+
+class DdpliteWork final : public c10d::Work {
+ public:
+  DdpliteWork(const OpContext& context, c10d::OpType type, std::vector<at::Tensor> outputs);
+
+  // wait(): blocks until done (an infinite wait is still bounded by the op's own timeout,
+  // which the worker enforces). wait(t) with t > 0 raises DistBackendError after t.
+  bool wait(std::chrono::milliseconds timeout) override;
+  std::vector<at::Tensor> result() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  uint64_t getSequencenumber() const override;
+
+  const OpContext& context() const { return context_; }
+
+  // Worker thread only. Completes the future, then the Work, outside every lock of ours
+  // (future callbacks run inline and may take the GIL).
+  void markFinished(std::exception_ptr error);
+
+ private:
+  const OpContext context_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace ddplite

@@ -1,0 +1,49 @@
+// Python bindings (pybind only; no logic here).
+#include "backend/backend.hpp"
+#include "common/env.hpp"
+#include "cpu/transport/net_iface.hpp"
+
+#include <pybind11/chrono.h>
+#include <torch/extension.h>
+
+#ifndef DDPLITE_TORCH_VERSION
+#error "setup.py defines DDPLITE_TORCH_VERSION as the torch version the extension is built against"
+#endif
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  // Registers c10d::Store and c10d::Backend with pybind; without it the types below are unknown.
+  py::module_::import("torch.distributed");
+
+  m.doc() = "torch-ddp-lite: the ddplite torch.distributed backend (C++ core)";
+
+  m.def("create_backend", &ddplite::createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
+        py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
+        "Creates the ddplite Backend for one process group; connects every pair of ranks.");
+
+  m.def("built_torch_version", [] { return std::string(DDPLITE_TORCH_VERSION); },
+        "The torch version this extension was compiled against.");
+
+  m.def(
+      "env_knobs",
+      [] {
+        py::list knobs;
+        for (const auto& knob : ddplite::env::allKnobs()) {
+          knobs.append(py::make_tuple(knob.name, knob.defaultValue, knob.help));
+        }
+        return knobs;
+      },
+      "Every DDPLITE_* environment variable as (name, default, help).");
+
+  m.def(
+      "backend_options",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        auto options = backend->getBackendOptions();
+        return py::make_tuple(options->backend, options->timeout);
+      },
+      py::arg("backend"), "(name, timeout) from Backend::getBackendOptions() (torch does not bind it).");
+
+  m.def("ifname_matches", &ddplite::net::ifnameMatches, py::arg("spec"), py::arg("ifname"),
+        "Whether an interface name matches an NCCL-style DDPLITE_SOCKET_IFNAME spec.");
+}

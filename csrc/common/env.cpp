@@ -1,0 +1,89 @@
+#include "common/env.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace ddplite::env {
+
+namespace {
+
+constexpr const char* kSocketIfname = "DDPLITE_SOCKET_IFNAME";
+constexpr const char* kDebug = "DDPLITE_DEBUG";
+constexpr const char* kRingSegmentBytes = "DDPLITE_RING_SEGMENT_BYTES";
+constexpr const char* kTreeChunkBytes = "DDPLITE_TREE_CHUNK_BYTES";
+constexpr const char* kSocketBufferBytes = "DDPLITE_SOCKET_BUFFER_BYTES";
+
+const char* rawValue(const char* name) {
+  const char* value = std::getenv(name);
+  return (value != nullptr && value[0] != '\0') ? value : nullptr;
+}
+
+int64_t readBytes(const char* name, int64_t fallback, int64_t minimum) {
+  const char* value = rawValue(name);
+  if (value == nullptr) {
+    return fallback;
+  }
+  char* end = nullptr;
+  long long parsed = std::strtoll(value, &end, 10);
+  if (end == value || parsed < minimum) {
+    return fallback;
+  }
+  return parsed;
+}
+
+}  // namespace
+
+const std::vector<Knob>& allKnobs() {
+  static const std::vector<Knob> knobs = {
+      {kSocketIfname, "",
+       "Interfaces for rank-to-rank sockets, NCCL syntax: 'eth' (prefix), '=eth0' (exact), "
+       "'^docker,lo' (exclude). Falls back to NCCL_SOCKET_IFNAME, then GLOO_SOCKET_IFNAME; "
+       "unset: the interface that reaches MASTER_ADDR"},
+      {kDebug, "WARN", "Log level on stderr: WARN, INFO or TRACE"},
+      {kRingSegmentBytes, "1048576", "Largest piece one ring step sends at once (bytes)"},
+      {kTreeChunkBytes, "262144", "Pipelining chunk of tree broadcast and reduce (bytes)"},
+      {kSocketBufferBytes, "0", "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel default"},
+  };
+  return knobs;
+}
+
+std::string socketIfname(std::string* source) {
+  for (const char* name : {kSocketIfname, "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    if (const char* value = rawValue(name)) {
+      if (source != nullptr) {
+        *source = name;
+      }
+      return value;
+    }
+  }
+  return "";
+}
+
+int logLevel() {
+  static const int level = [] {
+    const char* value = rawValue(kDebug);
+    if (value == nullptr) return 0;
+    if (strcasecmp(value, "INFO") == 0) return 1;
+    if (strcasecmp(value, "TRACE") == 0) return 2;
+    return 0;
+  }();
+  return level;
+}
+
+int64_t ringSegmentBytes() {
+  static const int64_t bytes = readBytes(kRingSegmentBytes, 1 << 20, 64);
+  return bytes;
+}
+
+int64_t treeChunkBytes() {
+  static const int64_t bytes = readBytes(kTreeChunkBytes, 256 << 10, 64);
+  return bytes;
+}
+
+int64_t socketBufferBytes() {
+  static const int64_t bytes = readBytes(kSocketBufferBytes, 0, 0);
+  return bytes;
+}
+
+}  // namespace ddplite::env

@@ -1,0 +1,36 @@
+// Every environment knob ddplite reads is declared once, in env.cpp, with the DDPLITE_ prefix
+// (NCCL's habit). Values are read on first use and cached for the life of the process.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddplite::env {
+
+struct Knob {
+  const char* name;         // full variable name, e.g. "DDPLITE_SOCKET_IFNAME"
+  const char* defaultValue; // as text; "" means unset
+  const char* help;         // one line, shown by torch_ddp_lite.env_knobs()
+};
+
+// The table of every knob, for docs and collect_env.
+const std::vector<Knob>& allKnobs();
+
+// DDPLITE_SOCKET_IFNAME (NCCL syntax), falling back to NCCL_SOCKET_IFNAME then GLOO_SOCKET_IFNAME.
+// Returns "" when none is set. `source` receives the variable that was used.
+std::string socketIfname(std::string* source = nullptr);
+
+// DDPLITE_DEBUG: WARN (default), INFO or TRACE.
+int logLevel();
+
+// DDPLITE_RING_SEGMENT_BYTES: largest piece a ring step moves at once.
+int64_t ringSegmentBytes();
+
+// DDPLITE_TREE_CHUNK_BYTES: chunk size that pipelines tree broadcast and reduce.
+int64_t treeChunkBytes();
+
+// DDPLITE_SOCKET_BUFFER_BYTES: SO_SNDBUF / SO_RCVBUF for data sockets (0 = kernel default).
+int64_t socketBufferBytes();
+
+}  // namespace ddplite::env

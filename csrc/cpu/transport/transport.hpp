@@ -1,0 +1,59 @@
+// The CPU transport interface: point-to-point byte streams between the ranks of one group.
+//
+// Algorithms (cpu/algorithms/) are written only against this interface, so a second transport
+// (shared memory, MPI) drops in beside tcp.cpp without touching them.
+//
+// Threading contract: one thread (the backend's worker) issues send/recv/sendRecv; abort() may be
+// called from any thread at any time and makes blocked calls fail promptly.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+namespace ddplite {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+// A failure of the transport. The backend turns it into a DistBackendError with op context.
+class TransportError : public std::runtime_error {
+ public:
+  enum class Kind { kPeerClosed, kTimeout, kIo, kAborted };
+
+  TransportError(Kind kind, int peer, const std::string& what)
+      : std::runtime_error(what), kind_(kind), peer_(peer) {}
+
+  Kind kind() const { return kind_; }
+  int peer() const { return peer_; }  // -1 when no single peer is involved
+
+ private:
+  Kind kind_;
+  int peer_;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Blocking transfers of exactly `bytes` bytes. Throw TransportError on failure or deadline.
+  virtual void send(int peer, const void* data, size_t bytes, Deadline deadline) = 0;
+  virtual void recv(int peer, void* data, size_t bytes, Deadline deadline) = 0;
+
+  // Sends to sendPeer while receiving from recvPeer, progressing both at once, so that a ring
+  // step in which every rank sends and receives cannot deadlock on full socket buffers.
+  virtual void sendRecv(int sendPeer, const void* sendData, size_t sendBytes, int recvPeer,
+                        void* recvData, size_t recvBytes, Deadline deadline) = 0;
+
+  // "rank 3 (10.0.0.5:41234)": used in every error that names a peer.
+  virtual std::string describePeer(int peer) const = 0;
+
+  // Stops all traffic: blocked and later calls throw TransportError(kAborted). Idempotent.
+  virtual void abort() = 0;
+};
+
+}  // namespace ddplite

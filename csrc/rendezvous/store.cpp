@@ -1,0 +1,47 @@
+#include "rendezvous/store.hpp"
+
+#include "common/errors.hpp"
+
+namespace ddplite {
+
+namespace {
+constexpr const char* kNamespace = "ddplite/";
+constexpr const char* kFailureKey = "ddplite/failure";
+}  // namespace
+
+void StoreRendezvous::set(const std::string& key, const std::string& value) {
+  store_->set(kNamespace + key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+std::string StoreRendezvous::get(const std::string& key, const std::string& waitingFor) {
+  try {
+    auto bytes = store_->get(kNamespace + key);
+    return std::string(bytes.begin(), bytes.end());
+  } catch (const std::exception& error) {
+    throwDistError(strCat("rendezvous failed while waiting for ", waitingFor, ": ", error.what()),
+                   "every rank of the group must call init_process_group/new_group with the same "
+                   "world size; check that the rank named above started and reached it");
+  }
+}
+
+void StoreRendezvous::recordFailure(const std::string& reason) {
+  try {
+    // compareSet keeps the first reason: later ones are usually the cascade.
+    store_->compareSet(kFailureKey, {}, std::vector<uint8_t>(reason.begin(), reason.end()));
+  } catch (const std::exception&) {
+  }
+}
+
+std::optional<std::string> StoreRendezvous::recordedFailure() {
+  try {
+    if (!store_->check({kFailureKey})) {
+      return std::nullopt;
+    }
+    auto bytes = store_->get(kFailureKey);
+    return std::string(bytes.begin(), bytes.end());
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace ddplite

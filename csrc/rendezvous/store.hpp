@@ -1,0 +1,34 @@
+// Bootstrap through the c10d::Store that torch hands the backend.
+//
+// The store torch passes is already a PrefixStore unique to this process group, so every key
+// below is per group; StoreRendezvous adds a "ddplite/" namespace of its own so that nothing
+// collides with torch's keys in the same prefix.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+namespace ddplite {
+
+class StoreRendezvous {
+ public:
+  explicit StoreRendezvous(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+
+  void set(const std::string& key, const std::string& value);
+  // Blocks until the key exists or the store's timeout passes (then throws DistBackendError).
+  std::string get(const std::string& key, const std::string& waitingFor);
+
+  // Failure broadcast: the first rank that sees a peer fail records the root cause here before
+  // it tears its connections down, so that ranks which only see the cascade can name the rank
+  // that really failed. Both calls swallow store errors: the store host may be the rank that died.
+  void recordFailure(const std::string& reason);
+  std::optional<std::string> recordedFailure();
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+}  // namespace ddplite

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs what torch-ddp-lite needs and builds the extension, idempotently: a second run only
+# checks (a few seconds). Sourced by scripts/train.sh and scripts/test.sh.
+#   TORCH_VERSION   torch to install when none is present (default: the tested pin, 2.11.0)
+#   PYTHON          interpreter to use (default: python3)
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+TORCH_VERSION="${TORCH_VERSION:-2.11.0}"
+cd "$REPO"
+
+say() { echo "[setup] $*"; }
+
+# 1. Python packages: install only what is missing. torch keeps whatever 2.x is installed if it
+#    matches the pin; the CUDA build from PyPI is fine (the CPU path needs no GPU).
+missing=$("$PYTHON" - "$TORCH_VERSION" <<'PY'
+import importlib.metadata as md, sys
+want = {"torch": sys.argv[1], "numpy": None, "pytest": None, "ninja": None, "wheel": None}
+out = []
+for name, version in want.items():
+    try:
+        have = md.version(name)
+        if version and have.split("+")[0] != version:
+            out.append(f"{name}=={version}")
+    except md.PackageNotFoundError:
+        out.append(f"{name}=={version}" if version else name)
+try:
+    major, minor = (int(x) for x in md.version("setuptools").split(".")[:2])
+    if not (70 <= major < 82):
+        out.append("setuptools>=70,<82")
+except md.PackageNotFoundError:
+    out.append("setuptools>=70,<82")
+print(" ".join(out))
+PY
+)
+if [ -n "$missing" ]; then
+  say "installing: $missing"
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check $missing
+else
+  say "python packages present"
+fi
+
+# 2. The extension: rebuilt only when its sources, build files or torch changed.
+stamp_file="$REPO/build/.ddplite-build-stamp"
+stamp=$( { cat setup.py pyproject.toml _ddplite_autoload.py; find csrc -type f | sort | xargs cat;
+           "$PYTHON" -c "import torch; print(torch.__version__)"; } | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] \
+   && "$PYTHON" -c "import torch_ddp_lite" >/dev/null 2>&1; then
+  say "extension up to date"
+else
+  say "building the extension against torch $("$PYTHON" -c 'import torch; print(torch.__version__)') (about 2 minutes on 2 cores)"
+  MAX_JOBS="${MAX_JOBS:-2}" "$PYTHON" -m pip install --quiet --disable-pip-version-check \
+    --no-build-isolation --no-deps -e "$REPO"
+  mkdir -p "$(dirname "$stamp_file")"
+  echo "$stamp" > "$stamp_file"
+  "$PYTHON" -c "import torch_ddp_lite; print('[setup] built torch_ddp_lite', torch_ddp_lite.__version__)"
+fi

@@ -1,0 +1,42 @@
+"""Builds the ddplite C++ extension against the torch that is installed.
+
+Install with ``pip install --no-build-isolation -e .`` (an isolated build would compile against a
+different torch than the one that imports the extension, and the C++ ABI is not stable across
+torch versions). ``scripts/setup.sh`` does this idempotently.
+"""
+import glob
+import os
+
+import torch
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(ROOT, "csrc")
+
+
+def sources():
+    found = []
+    for folder in ("common", "rendezvous", "cpu", "backend"):
+        found += glob.glob(os.path.join("csrc", folder, "**", "*.cpp"), recursive=True)
+    return sorted(found) + [os.path.join("csrc", "bindings.cpp")]
+
+
+extension = CppExtension(
+    name="torch_ddp_lite._C",
+    sources=sources(),
+    include_dirs=[CSRC],
+    extra_compile_args={
+        "cxx": [
+            "-O3",
+            "-Wall",
+            "-Wno-unused-parameter",
+            f'-DDDPLITE_TORCH_VERSION="{torch.__version__}"',
+        ]
+    },
+)
+
+setup(
+    ext_modules=[extension],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

@@ -1,0 +1,51 @@
+"""Failure paths: no hang, no crash; errors name the rank, the op, its sequence number and a hint."""
+
+import pytest
+
+import workers
+from harness import run_ranks
+
+
+@pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 2), (4, 1)])
+def test_rank_exit_is_reported_by_every_other_rank(world_size, victim):
+    results = run_ranks(workers.rank_exits_midway, world_size, victim, 5, pg_timeout_s=60, timeout_s=120,
+                        may_exit={victim})
+    for rank, result in enumerate(results):
+        if rank == victim:
+            continue
+        assert result["type"] == "DistBackendError", result
+        assert result["is_dist_error"]
+        assert f"rank {victim}" in result["message"], result["message"]
+        assert f"ddplite rank {rank}/{world_size}, allreduce #" in result["message"]
+        assert "Hint:" in result["message"]
+
+
+def test_wait_timeout_is_honoured():
+    results = run_ranks(workers.wait_with_timeout, 2)
+    outcome = results[0]
+    assert outcome["raised"] == "DistBackendError", outcome
+    assert outcome["is_dist_error"]
+    assert "expired after 500 ms" in outcome["message"]
+    assert outcome["elapsed"] < 2.5
+    assert outcome["value"] == 3.0 and results[1]["value"] == 3.0
+
+
+def test_group_timeout_names_the_missing_peer():
+    results = run_ranks(workers.peer_never_arrives, 2, pg_timeout_s=2, timeout_s=60)
+    outcome = results[0]
+    assert outcome["raised"], outcome
+    assert "timed out waiting to receive from rank 1" in outcome["message"], outcome["message"]
+    assert "ddplite rank 0/2, allreduce #1" in outcome["message"]
+    assert 1.5 < outcome["elapsed"] < 10
+    assert "unusable after an earlier failure" in outcome["second"]
+
+
+def test_invalid_inputs_raise_clear_errors_and_keep_the_group_usable():
+    results = run_ranks(workers.invalid_inputs, 2)
+    for rank, outcomes in enumerate(results):
+        assert outcomes.pop("after") == [2.0] * 5
+        for name, outcome in outcomes.items():
+            assert outcome["raised"] in ("ValueError",), (name, outcome)
+            assert f"ddplite rank {rank}/2" in outcome["message"], (name, outcome["message"])
+            assert "#1:" in outcome["message"], (name, outcome["message"])  # refused ops use no number
+            assert "Hint:" in outcome["message"], (name, outcome["message"])

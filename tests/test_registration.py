@@ -1,0 +1,101 @@
+"""The package face: autoload through the torch.backends entry point, registration, init methods,
+the build check, and the interface-name matcher."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torch_ddp_lite
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+STOCK_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    import torch.distributed as dist
+    rank, world, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    # note: no `import torch_ddp_lite` anywhere in this script
+    dist.init_process_group(backend="ddplite", init_method=init, rank=rank, world_size=world)
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    print("RESULT", dist.get_backend(), t.tolist(), flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def run_script(tmp_path, source, world, init, env=None):
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    full_env = dict(os.environ, **(env or {}))
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), init], cwd=tmp_path,
+                              env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    return [p.returncode for p in procs], outputs
+
+
+def test_autoload_without_import(tmp_path):
+    codes, outputs = run_script(tmp_path, STOCK_SCRIPT, 2, f"file://{tmp_path}/store")
+    assert codes == [0, 0], outputs
+    for output in outputs:
+        assert "RESULT ddplite [3.0, 3.0, 3.0, 3.0]" in output, output
+
+
+def test_tcp_init_method(tmp_path):
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    codes, outputs = run_script(tmp_path, STOCK_SCRIPT, 3, f"tcp://127.0.0.1:{port}")
+    assert codes == [0, 0, 0], outputs
+    assert all("RESULT ddplite [6.0, 6.0, 6.0, 6.0]" in o for o in outputs), outputs
+
+
+def test_autoload_disabled_by_torch_switch(tmp_path):
+    probe = ("import torch, torch.distributed as dist; print('BEFORE', 'DDPLITE' in dist.Backend._plugins); "
+             "import torch_ddp_lite; print('AFTER', 'DDPLITE' in dist.Backend._plugins)")
+    output = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"),
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert output.returncode == 0, output.stderr
+    assert "BEFORE False" in output.stdout and "AFTER True" in output.stdout
+
+
+def test_registration_is_idempotent_and_never_raises():
+    import _ddplite_autoload
+    import torch.distributed as dist
+    assert torch_ddp_lite.register_backend() is True
+    _ddplite_autoload.register()
+    assert dist.Backend.DDPLITE == "ddplite"
+    assert dist.Backend.backend_capability["ddplite"] == ["cpu", "cuda"]
+
+
+def test_build_is_checked_against_running_torch(monkeypatch):
+    monkeypatch.setattr(torch_ddp_lite, "_extension", None)
+    monkeypatch.setattr(torch, "__version__", "0.0.1-not-this-torch")
+    with pytest.raises(ImportError, match=r"(?s)built against torch .* but torch 0.0.1-not-this-torch is running.*"
+                                          r"pip install --no-build-isolation"):
+        torch_ddp_lite._load_extension()
+
+
+def test_built_against_installed_torch():
+    assert torch_ddp_lite.built_torch_version() == torch.__version__
+
+
+def test_env_knobs_have_prefix_and_help():
+    knobs = torch_ddp_lite.env_knobs()
+    assert {"DDPLITE_SOCKET_IFNAME", "DDPLITE_DEBUG"} <= {name for name, _, _ in knobs}
+    assert all(name.startswith("DDPLITE_") and help_text for name, _, help_text in knobs)
+
+
+@pytest.mark.parametrize("spec,ifname,expected", [
+    ("eth", "eth0", True), ("eth", "ens3", False), ("=eth0", "eth0", True), ("=eth0", "eth01", False),
+    ("^lo,docker", "lo", False), ("^lo,docker", "docker0", False), ("^lo,docker", "eth0", True),
+    ("ib,eth", "ib0", True), ("^=eth0", "eth0", False), ("^=eth0", "eth01", True),
+])
+def test_ifname_matches_nccl_syntax(spec, ifname, expected):
+    assert torch_ddp_lite._load_extension().ifname_matches(spec, ifname) is expected
+

@@ -1,0 +1,68 @@
+"""torch-ddp-lite: the ``ddplite`` torch.distributed backend.
+
+Importing this package registers the backend (the ``torch.backends`` entry point normally has
+already done so) and checks that the C++ extension matches the running torch::
+
+    import torch.distributed as dist
+    dist.init_process_group(backend="ddplite")
+"""
+
+import importlib
+
+import torch
+import torch.distributed  # noqa: F401 - registers c10d types the extension needs
+
+import _ddplite_autoload
+
+__version__ = "0.1.0"
+BACKEND_NAME = _ddplite_autoload.BACKEND_NAME
+
+_REBUILD_HINT = (
+    "rebuild it against the installed torch from the repository root with:\n"
+    "    pip install --no-build-isolation --no-deps -e .\n"
+    "(or run scripts/setup.sh, which does this when needed)"
+)
+
+_extension = None
+
+
+def _load_extension():
+    """Imports the C++ extension once, checking it was built against the running torch."""
+    global _extension
+    if _extension is not None:
+        return _extension
+    try:
+        module = importlib.import_module("torch_ddp_lite._C")
+    except ImportError as error:
+        raise ImportError(
+            f"torch_ddp_lite: the C++ extension could not be loaded ({error}); {_REBUILD_HINT}"
+        ) from error
+    built = module.built_torch_version()
+    if built != torch.__version__:
+        raise ImportError(
+            f"torch_ddp_lite was built against torch {built} but torch {torch.__version__} is running; "
+            f"{_REBUILD_HINT}"
+        )
+    _extension = module
+    return module
+
+
+def register_backend():
+    """Registers 'ddplite' with torch.distributed (idempotent)."""
+    return _ddplite_autoload.register_backend()
+
+
+def built_torch_version():
+    """The torch version the C++ extension was compiled against."""
+    return _load_extension().built_torch_version()
+
+
+def env_knobs():
+    """Every DDPLITE_* environment variable as a list of (name, default, help)."""
+    return [tuple(knob) for knob in _load_extension().env_knobs()]
+
+
+register_backend()
+_load_extension()
+
+__all__ = ["BACKEND_NAME", "__version__", "built_torch_version", "env_knobs", "register_backend"]
