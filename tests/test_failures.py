@@ -49,3 +49,24 @@ def test_invalid_inputs_raise_clear_errors_and_keep_the_group_usable():
             assert f"ddplite rank {rank}/2" in outcome["message"], (name, outcome["message"])
             assert "#1:" in outcome["message"], (name, outcome["message"])  # refused ops use no number
             assert "Hint:" in outcome["message"], (name, outcome["message"])
+
+
+def test_abort_fails_later_collectives_on_every_rank():
+    results = run_ranks(workers.abort_fails_pending_and_later_ops, 2, pg_timeout_s=30)
+    assert results[0]["raised"] == "DistBackendError", results
+    assert "abort() was called on rank 0" in results[0]["message"]
+    assert results[1]["raised"] == "DistBackendError", results
+    assert "rank 0" in results[1]["message"]
+
+
+def test_socket_ifname_selects_interface(tmp_path):
+    results = run_ranks(workers.init_with_interface, 2, str(tmp_path / "store"), "=lo", backend=None)
+    assert all(r == {"raised": None, "value": [2.0, 2.0, 2.0]} for r in results), results
+
+
+def test_socket_ifname_without_match_is_a_clear_error(tmp_path):
+    results = run_ranks(workers.init_with_interface, 2, str(tmp_path / "store"), "=nosuchif0", backend=None)
+    for result in results:
+        assert result["raised"] == "DistBackendError", result
+        assert "DDPLITE_SOCKET_IFNAME==nosuchif0 matches no IPv4 interface" in result["message"]
+        assert "lo=127.0.0.1" in result["message"]  # lists what is available

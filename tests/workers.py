@@ -403,3 +403,27 @@ def single_process_train(world_size, steps=20, batch_per_rank=16, samples=256):
     full = [sum((per_rank[r][s] for r in range(world_size)), []) for s in range(steps)]
     train_steps(model, optimizer, images, labels, full)
     return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def abort_fails_pending_and_later_ops(rank, world_size):
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    dist.all_reduce(torch.ones(4))  # the group works before the abort
+    if rank == 0:
+        backend.abort()
+    try:
+        dist.all_reduce(torch.ones(4))
+        return {"raised": None}
+    except Exception as error:  # noqa: BLE001
+        return {"raised": type(error).__name__, "message": str(error)}
+
+
+def init_with_interface(rank, world_size, store_path, ifname):
+    os.environ["DDPLITE_SOCKET_IFNAME"] = ifname
+    try:
+        dist.init_process_group("ddplite", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=20))
+    except Exception as error:  # noqa: BLE001
+        return {"raised": type(error).__name__, "message": str(error)}
+    tensor = torch.ones(3)
+    dist.all_reduce(tensor)
+    return {"raised": None, "value": tensor.tolist()}
