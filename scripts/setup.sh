@@ -8,6 +8,9 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 TORCH_VERSION="${TORCH_VERSION:-2.11.0}"
 cd "$REPO"
+# A stale editable install (a moved or deleted checkout) leaves an entry point whose module is
+# gone, and torch then fails at import. Nothing here needs the autoload, so switch it off.
+export TORCH_DEVICE_BACKEND_AUTOLOAD=0
 
 say() { echo "[setup] $*"; }
 
@@ -15,7 +18,10 @@ say() { echo "[setup] $*"; }
 #    matches the pin; the CUDA build from PyPI is fine (the CPU path needs no GPU).
 missing=$("$PYTHON" - "$TORCH_VERSION" <<'PY'
 import importlib.metadata as md, sys
-want = {"torch": sys.argv[1], "numpy": None, "pytest": None, "ninja": None, "wheel": None}
+# torchvision must match torch (0.26 <-> 2.11); the others are for the example, plots and tests.
+torchvision = {"2.11.0": "0.26.0"}.get(sys.argv[1])
+want = {"torch": sys.argv[1], "torchvision": torchvision, "numpy": None, "pytest": None,
+        "ninja": None, "wheel": None, "tqdm": None, "matplotlib": None, "hypothesis": None}
 out = []
 for name, version in want.items():
     try:
