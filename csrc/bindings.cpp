@@ -1,6 +1,7 @@
 // Python bindings (pybind only; no logic here).
 #include "backend/backend.hpp"
 #include "common/env.hpp"
+#include "cpu/algorithms/selector.hpp"
 #include "cpu/transport/net_iface.hpp"
 
 #include <pybind11/chrono.h>
@@ -43,6 +44,23 @@ PYBIND11_MODULE(_C, m) {
         return py::make_tuple(options->backend, options->timeout);
       },
       py::arg("backend"), "(name, timeout) from Backend::getBackendOptions() (torch does not bind it).");
+
+  // Algorithm pins. std::invalid_argument from the parser surfaces as ValueError.
+  m.def(
+      "set_algorithm_pins",
+      [](const std::string& spec) {
+        ddplite::cpu::applyAlgorithmPinsFromEnv();
+        ddplite::cpu::setAlgorithmPins(spec);
+      },
+      py::arg("spec"), "Pins algorithms from 'collective:algorithm,...' ('auto' unpins).");
+  m.def(
+      "algorithm_pins",
+      [] {
+        ddplite::cpu::applyAlgorithmPinsFromEnv();
+        return ddplite::cpu::algorithmPins();
+      },
+      "(collective, pinned algorithm or 'auto') for every collective.");
+  m.def("available_algorithms", &ddplite::cpu::availableAlgorithms, "(collective, [algorithm names]).");
 
   m.def("ifname_matches", &ddplite::net::ifnameMatches, py::arg("spec"), py::arg("ifname"),
         "Whether an interface name matches an NCCL-style DDPLITE_SOCKET_IFNAME spec.");

@@ -16,7 +16,7 @@ import time
 import traceback
 from datetime import timedelta
 
-_PRELOAD = ["torch", "torch.distributed", "torch_ddp_lite", "workers"]
+_PRELOAD = ["torch", "torch.distributed", "torch_ddp_lite", "workers", "sweeps", "groups_p2p", "companions"]
 _context = None
 
 

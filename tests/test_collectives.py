@@ -1,18 +1,14 @@
-"""Every collective x dtype x reduce op x world size 1-4 x element count, against the closed
-form and against gloo on identical inputs (see workers.py for the inputs and the oracle)."""
+"""Every collective x algorithm x dtype x reduce op x world size 1-5 x element count, against the
+closed form and against gloo on identical inputs (see sweeps.py for the inputs and the oracle)."""
 
 import pytest
+import torch
 
+import sweeps
 import workers
 from harness import run_ranks
 
-WORLD_SIZES = [1, 2, 3, 4]
-SWEEPS = {
-    "allreduce": workers.sweep_allreduce,
-    "reduce": workers.sweep_reduce,
-    "broadcast": workers.sweep_broadcast,
-    "allgather": workers.sweep_allgather,
-}
+WORLD_SIZES = [1, 2, 3, 4, 5]
 
 
 def assert_clean(results, minimum_checks):
@@ -22,30 +18,39 @@ def assert_clean(results, minimum_checks):
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("collective", sorted(SWEEPS))
+@pytest.mark.parametrize("collective", sorted(sweeps.SWEEPS))
 def test_sweep_small_counts(collective, world_size):
-    results = run_ranks(SWEEPS[collective], world_size, workers.QUICK_COUNTS)
-    assert_clean(results, minimum_checks=len(workers.DTYPES) * len(workers.QUICK_COUNTS))
+    results = run_ranks(sweeps.SWEEPS[collective], world_size, sweeps.QUICK_COUNTS, timeout_s=300)
+    assert_clean(results, minimum_checks=len(workers.DTYPES) * len(sweeps.QUICK_COUNTS))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("collective", sorted(SWEEPS))
+@pytest.mark.parametrize("collective", sorted(sweeps.SWEEPS))
 def test_sweep_large_count(collective, world_size):
-    results = run_ranks(SWEEPS[collective], world_size, [workers.LARGE_COUNT], timeout_s=900)
+    results = run_ranks(sweeps.SWEEPS[collective], world_size, sweeps.LARGE_COUNTS, timeout_s=900)
     assert_clean(results, minimum_checks=len(workers.DTYPES))
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_gloo_oracle_is_used():
+    """Guards the oracle: gloo must really have answered for the cases it supports."""
+    results = run_ranks(sweeps.sweep_allreduce, 2, [3], [torch.float32, torch.int32])
+    for result in results:
+        assert result["gloo_refused"] == 0
+        assert result["checked"] >= 2 * 4 * 5  # (dtype, op) x algorithms, each vs closed form and gloo
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_layouts_async_futures_objects(world_size):
     results = run_ranks(workers.layouts_and_async, world_size)
     assert_clean(results, minimum_checks=10)
 
 
 @pytest.mark.parametrize("segment_bytes", ["64", "4096"])
-def test_ring_with_many_rounds(segment_bytes):
-    """Tiny ring segments force many rounds and uneven segments at 3 ranks."""
-    results = run_ranks(workers.sweep_allreduce, 3, [1, 7, 1000, 4099], [workers.torch.float32, workers.torch.int64],
+@pytest.mark.parametrize("collective", ["allreduce", "broadcast", "reduce"])
+def test_pipelines_with_many_rounds(collective, segment_bytes):
+    """Tiny segments and chunks force many rounds and uneven pieces at 3 ranks."""
+    results = run_ranks(sweeps.SWEEPS[collective], 3, [1, 7, 1000, 4099], [torch.float32, torch.int64],
                         env={"DDPLITE_RING_SEGMENT_BYTES": segment_bytes, "DDPLITE_TREE_CHUNK_BYTES": segment_bytes})
     assert_clean(results, minimum_checks=8)
 

@@ -62,7 +62,45 @@ def env_knobs():
     return [tuple(knob) for knob in _load_extension().env_knobs()]
 
 
+def available_algorithms():
+    """The CPU algorithms of each collective, e.g. ``{"allreduce": ["naive", "ring", ...], ...}``."""
+    return {name: list(algorithms) for name, algorithms in _load_extension().available_algorithms()}
+
+
+def get_algorithms():
+    """The algorithm pinned for each collective, or ``"auto"`` for the size-based choice."""
+    return dict(_load_extension().algorithm_pins())
+
+
+def set_algorithm(collective, algorithm):
+    """Pins ``collective`` (e.g. ``"allreduce"``) to ``algorithm`` (e.g. ``"ring"``); ``"auto"``
+    restores the automatic choice.
+
+    Same syntax and effect as ``DDPLITE_ALGO=allreduce:ring`` and process-wide (every ddplite
+    group). Every rank must pin the same algorithms before the collectives they affect; a rank
+    that runs another algorithm for the same op desynchronises the group. Raises ValueError for
+    an unknown collective or algorithm.
+    """
+    _load_extension().set_algorithm_pins(f"{collective}:{algorithm}")
+
+
+def set_algorithms(spec):
+    """Pins several at once from a ``DDPLITE_ALGO``-style spec: ``"allreduce:ring,broadcast:tree"``;
+    ``"auto"`` or ``""`` unpins everything."""
+    _load_extension().set_algorithm_pins(spec)
+
+
 register_backend()
 _load_extension()
 
-__all__ = ["BACKEND_NAME", "__version__", "built_torch_version", "env_knobs", "register_backend"]
+__all__ = [
+    "BACKEND_NAME",
+    "__version__",
+    "available_algorithms",
+    "built_torch_version",
+    "env_knobs",
+    "get_algorithms",
+    "register_backend",
+    "set_algorithm",
+    "set_algorithms",
+]

@@ -2,6 +2,7 @@
 
 #include "backend/validation.hpp"
 #include "common/logging.hpp"
+#include "cpu/algorithms/selector.hpp"
 #include "cpu/transport/tcp.hpp"
 
 namespace ddplite {
@@ -27,6 +28,37 @@ const char* hintFor(TransportError::Kind kind) {
   return "";
 }
 
+// DDPLITE_ALGO is checked when the first group is created, so a typo fails init_process_group.
+void applyAlgorithmPins(int rank, int size) {
+  try {
+    cpu::applyAlgorithmPinsFromEnv();
+  } catch (const std::invalid_argument& error) {
+    throwValueError(OpContext{rank, size, "init", 0}, error.what(),
+                    "fix DDPLITE_ALGO (the same value on every rank), or unset it for the automatic choice");
+  }
+}
+
+// A send/recv failure reported by the P2P engine, as the DistBackendError wait() raises.
+std::exception_ptr p2pFailure(const OpContext& ctx, std::exception_ptr error) {
+  try {
+    try {
+      std::rethrow_exception(error);
+    } catch (const TransportError& failure) {
+      const char* hint = failure.kind() == TransportError::Kind::kTimeout
+                             ? "the peer did not send a matching message (same tag) in time; check that it "
+                               "calls send with this rank as destination and the same tag, or raise the "
+                               "group's timeout"
+                             : hintFor(failure.kind());
+      throwDistError(ctx, failure.what(), hint);
+    } catch (const std::exception& failure) {
+      throwDistError(ctx, failure.what(), "send and recv of one message must use tensors of the same size in bytes");
+    }
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -35,8 +67,10 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   if (timeout.count() <= 0) {
     timeoutMs_ = std::chrono::duration_cast<std::chrono::milliseconds>(kBackendDefaultTimeout).count();
   }
-  transport_ = TcpTransport::connectFullMesh(rendezvous_, rank, size,
-                                             Clock::now() + std::chrono::milliseconds(timeoutMs_.load()));
+  applyAlgorithmPins(rank, size);
+  const Deadline connectBy = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
+  transport_ = TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy);
+  p2p_ = std::make_unique<cpu::P2pEngine>(TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "p2p/"));
   worker_ = std::make_unique<Worker>();
   DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " ready (timeout ", timeoutMs_.load(), " ms)");
   init();
@@ -140,6 +174,7 @@ void DdpliteBackend::throwIfBroken(const OpContext& ctx) {
 void DdpliteBackend::abort() {
   markBroken(strCat("abort() was called on rank ", rank_));
   transport_->abort();
+  p2p_->abort();
 }
 
 void DdpliteBackend::shutdown() {
@@ -147,6 +182,7 @@ void DdpliteBackend::shutdown() {
   worker_->drainAndStop();
   markBroken(strCat("the process group was shut down on rank ", rank_));
   transport_->abort();
+  p2p_->abort();
 }
 
 // ---- collectives -------------------------------------------------------------------------
@@ -168,7 +204,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allreduce(std::vector<at::Tensor>
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "allreduce");
   validation::checkReduceOp(ctx, tensor, opts.reduceOp);
   dispatchDevice(ctx, tensor);
-  const auto op = opts.reduceOp.op_;
+  const c10d::ReduceOp op = opts.reduceOp;
   return enqueue(ctx, OpType::ALLREDUCE, {tensor}, resolveTimeout(opts.timeout),
                  [tensor, op](const cpu::CpuContext& cpu) mutable { cpu::allreduce(cpu, tensor, op); });
 }
@@ -181,7 +217,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce(std::vector<at::Tensor>& t
   validation::checkReduceOp(ctx, tensor, opts.reduceOp);
   dispatchDevice(ctx, tensor);
   const int root = static_cast<int>(opts.rootRank);
-  const auto op = opts.reduceOp.op_;
+  const c10d::ReduceOp op = opts.reduceOp;
   return enqueue(ctx, OpType::REDUCE, {tensor}, resolveTimeout(opts.timeout),
                  [tensor, root, op](const cpu::CpuContext& cpu) mutable { cpu::reduce(cpu, tensor, root, op); });
 }
@@ -233,6 +269,250 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::barrier(const c10d::BarrierOption
   const OpContext ctx = nextContext("barrier");
   return enqueue(ctx, OpType::BARRIER, {}, resolveTimeout(opts.timeout),
                  [](const cpu::CpuContext& cpu) { cpu::barrier(cpu); });
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                   const c10d::AllreduceCoalescedOptions& opts) {
+  const OpContext ctx = nextContext("allreduce_coalesced");
+  validation::checkNonEmptyList(ctx, tensors, "allreduce_coalesced");
+  for (const auto& tensor : tensors) validation::checkReduceOp(ctx, tensor, opts.reduceOp);
+  dispatchDevice(ctx, tensors.front());
+  const c10d::ReduceOp op = opts.reduceOp;
+  return enqueue(ctx, OpType::COALESCED, tensors, resolveTimeout(opts.timeout),
+                 [tensors, op](const cpu::CpuContext& cpu) mutable { cpu::allreduceCoalesced(cpu, tensors, op); });
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                               std::vector<at::Tensor>& inputs,
+                                                                               const c10d::AllgatherOptions& opts) {
+  const OpContext ctx = nextContext("allgather_into_tensor_coalesced");
+  validation::checkNonEmptyList(ctx, inputs, "input");
+  validation::checkNonEmptyList(ctx, outputs, "output");
+  if (outputs.size() != inputs.size()) {
+    throwValueError(ctx, strCat(outputs.size(), " outputs for ", inputs.size(), " inputs"), "pass one output per input");
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() || outputs[i].numel() != inputs[i].numel() * size_) {
+      throwValueError(ctx, strCat("output ", i, " must have input ", i, "'s dtype and ", size_, " x its elements"),
+                      "allocate each output as torch.empty(world_size * input.numel(), dtype=input.dtype)");
+    }
+  }
+  dispatchDevice(ctx, inputs.front());
+  return enqueue(ctx, OpType::COALESCED, outputs, resolveTimeout(opts.timeout),
+                 [inputs, outputs](const cpu::CpuContext& cpu) mutable {
+                   for (size_t i = 0; i < inputs.size(); ++i) cpu::allgatherInto(cpu, inputs[i], outputs[i]);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                              std::vector<std::vector<at::Tensor>>& inputs,
+                                                              const c10d::ReduceScatterOptions& opts) {
+  const OpContext ctx = nextContext("reduce_scatter");
+  at::Tensor output = validation::singleTensor(ctx, outputs, "reduce_scatter output");
+  if (inputs.size() != 1) {
+    throwValueError(ctx, strCat("expected one input list, got ", inputs.size()),
+                    "reduce_scatter(output, input_list) takes one list of world-size tensors");
+  }
+  validation::checkList(ctx, inputs[0], size_, output, "reduce_scatter input",
+                        "reduce_scatter(output, input_list) needs len(input_list) == world size, each like output");
+  validation::checkReduceOp(ctx, output, opts.reduceOp);
+  std::vector<at::Tensor> all = inputs[0];
+  all.push_back(output);
+  validation::checkSameDevice(ctx, all);
+  dispatchDevice(ctx, output);
+  const std::vector<at::Tensor> list = inputs[0];
+  const c10d::ReduceOp op = opts.reduceOp;
+  return enqueue(ctx, OpType::REDUCE_SCATTER, {output}, resolveTimeout(opts.timeout),
+                 [list, output, op](const cpu::CpuContext& cpu) mutable { cpu::reduceScatterList(cpu, list, output, op); });
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                    const c10d::ReduceScatterOptions& opts) {
+  const OpContext ctx = nextContext("reduce_scatter_tensor");
+  validation::checkTensor(ctx, input, "input");
+  validation::checkTensor(ctx, output, "output");
+  if (output.scalar_type() != input.scalar_type() || input.numel() != output.numel() * size_) {
+    throwValueError(ctx,
+                    strCat("the input (", input.scalar_type(), ", ", input.numel(),
+                           " elements) must have the output's dtype and world size x its elements (",
+                           output.scalar_type(), ", ", size_, " x ", output.numel(), ")"),
+                    "allocate the output as torch.empty(input.numel() // world_size, dtype=input.dtype)");
+  }
+  validation::checkReduceOp(ctx, output, opts.reduceOp);
+  validation::checkSameDevice(ctx, {input, output});
+  dispatchDevice(ctx, input);
+  at::Tensor in = input;
+  at::Tensor out = output;
+  const c10d::ReduceOp op = opts.reduceOp;
+  return enqueue(ctx, OpType::_REDUCE_SCATTER_BASE, {out}, resolveTimeout(opts.timeout),
+                 [in, out, op](const cpu::CpuContext& cpu) mutable { cpu::reduceScatterInto(cpu, in, out, op); });
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                               std::vector<at::Tensor>& inputs,
+                                                                               const c10d::ReduceScatterOptions& opts) {
+  const OpContext ctx = nextContext("reduce_scatter_tensor_coalesced");
+  validation::checkNonEmptyList(ctx, inputs, "input");
+  validation::checkNonEmptyList(ctx, outputs, "output");
+  if (outputs.size() != inputs.size()) {
+    throwValueError(ctx, strCat(outputs.size(), " outputs for ", inputs.size(), " inputs"), "pass one output per input");
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() || inputs[i].numel() != outputs[i].numel() * size_) {
+      throwValueError(ctx, strCat("input ", i, " must have output ", i, "'s dtype and ", size_, " x its elements"),
+                      "allocate each output as torch.empty(input.numel() // world_size, dtype=input.dtype)");
+    }
+    validation::checkReduceOp(ctx, outputs[i], opts.reduceOp);
+  }
+  dispatchDevice(ctx, inputs.front());
+  const c10d::ReduceOp op = opts.reduceOp;
+  return enqueue(ctx, OpType::COALESCED, outputs, resolveTimeout(opts.timeout),
+                 [inputs, outputs, op](const cpu::CpuContext& cpu) mutable {
+                   for (size_t i = 0; i < inputs.size(); ++i) cpu::reduceScatterInto(cpu, inputs[i], outputs[i], op);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                      std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  const OpContext ctx = nextContext("gather");
+  at::Tensor input = validation::singleTensor(ctx, inputs, "gather input");
+  validation::checkRoot(ctx, opts.rootRank);
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> targets;
+  if (rank_ == root) {
+    if (outputs.size() != 1) {
+      throwValueError(ctx, strCat("the root expects one gather list, got ", outputs.size()),
+                      "pass gather_list with one tensor per rank on the destination rank");
+    }
+    validation::checkList(ctx, outputs[0], size_, input, "gather output",
+                          "gather_list on the destination needs one tensor per rank, each like the input");
+    targets = outputs[0];
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    throwValueError(ctx, "a non-destination rank passed a gather list",
+                    "pass gather_list only on the destination rank (None elsewhere)");
+  }
+  dispatchDevice(ctx, input);
+  return enqueue(ctx, OpType::GATHER, targets, resolveTimeout(opts.timeout),
+                 [input, targets, root](const cpu::CpuContext& cpu) mutable { cpu::gather(cpu, input, targets, root); });
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                       std::vector<std::vector<at::Tensor>>& inputs,
+                                                       const c10d::ScatterOptions& opts) {
+  const OpContext ctx = nextContext("scatter");
+  at::Tensor output = validation::singleTensor(ctx, outputs, "scatter output");
+  validation::checkRoot(ctx, opts.rootRank);
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> sources;
+  if (rank_ == root) {
+    if (inputs.size() != 1) {
+      throwValueError(ctx, strCat("the root expects one scatter list, got ", inputs.size()),
+                      "pass scatter_list with one tensor per rank on the source rank");
+    }
+    validation::checkList(ctx, inputs[0], size_, output, "scatter input",
+                          "scatter_list on the source needs one tensor per rank, each like the output");
+    sources = inputs[0];
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    throwValueError(ctx, "a non-source rank passed a scatter list",
+                    "pass scatter_list only on the source rank (None elsewhere)");
+  }
+  dispatchDevice(ctx, output);
+  return enqueue(ctx, OpType::SCATTER, {output}, resolveTimeout(opts.timeout),
+                 [sources, output, root](const cpu::CpuContext& cpu) mutable { cpu::scatter(cpu, sources, output, root); });
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                             std::vector<int64_t>& outputSplitSizes,
+                                                             std::vector<int64_t>& inputSplitSizes,
+                                                             const c10d::AllToAllOptions& opts) {
+  const OpContext ctx = nextContext("all_to_all_single");
+  validation::checkTensor(ctx, input, "input");
+  validation::checkTensor(ctx, output, "output");
+  if (input.scalar_type() != output.scalar_type()) {
+    throwValueError(ctx, strCat("input is ", input.scalar_type(), " but output is ", output.scalar_type()),
+                    "use one dtype for both");
+  }
+  validation::checkSplits(ctx, input, inputSplitSizes, "input");
+  validation::checkSplits(ctx, output, outputSplitSizes, "output");
+  validation::checkSameDevice(ctx, {input, output});
+  dispatchDevice(ctx, input);
+  at::Tensor in = input;
+  at::Tensor out = output;
+  std::vector<int64_t> inSplits = inputSplitSizes;
+  std::vector<int64_t> outSplits = outputSplitSizes;
+  return enqueue(ctx, OpType::ALLTOALL_BASE, {out}, resolveTimeout(opts.timeout),
+                 [in, out, inSplits, outSplits](const cpu::CpuContext& cpu) mutable {
+                   cpu::alltoallBase(cpu, in, out, inSplits, outSplits);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                        std::vector<at::Tensor>& inputs,
+                                                        const c10d::AllToAllOptions& opts) {
+  const OpContext ctx = nextContext("all_to_all");
+  for (const auto* list : {&inputs, &outputs}) {
+    if (static_cast<int>(list->size()) != size_) {
+      throwValueError(ctx, strCat("expected ", size_, " ", list == &inputs ? "input" : "output", " tensors, got ", list->size()),
+                      "all_to_all(output_list, input_list) takes one tensor per rank in each list");
+    }
+    validation::checkNonEmptyList(ctx, *list, list == &inputs ? "input" : "output");
+  }
+  for (const auto& tensor : outputs) {
+    if (tensor.scalar_type() != inputs.front().scalar_type()) {
+      throwValueError(ctx, strCat("mixed dtypes ", inputs.front().scalar_type(), " and ", tensor.scalar_type()),
+                      "use one dtype for every tensor of an all_to_all");
+    }
+  }
+  dispatchDevice(ctx, inputs.front());
+  return enqueue(ctx, OpType::ALLTOALL, outputs, resolveTimeout(opts.timeout),
+                 [inputs, outputs](const cpu::CpuContext& cpu) mutable { cpu::alltoallList(cpu, inputs, outputs); });
+}
+
+// ---- point-to-point ----------------------------------------------------------------------
+
+OpContext DdpliteBackend::nextP2pContext(const char* op) {
+  return OpContext{rank_, size_, op, ++p2pSeq_};
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  const OpContext ctx = nextP2pContext("send");
+  at::Tensor tensor = validation::singleTensor(ctx, tensors, "send");
+  validation::checkPeer(ctx, dstRank, "send to");
+  dispatchDevice(ctx, tensor);
+  auto work = c10::make_intrusive<DdpliteWork>(ctx, OpType::SEND, std::vector<at::Tensor>{tensor});
+  p2p_->send(dstRank, tag, tensor.contiguous(), Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
+             [work, ctx](std::exception_ptr error, int source) {
+               work->setSourceRank(source);
+               work->markFinished(error ? p2pFailure(ctx, error) : nullptr);
+             });
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  return postRecv("recv", tensors, srcRank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return postRecv("recv (any source)", tensors, cpu::P2pEngine::kAnySource, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vector<at::Tensor>& tensors, int srcRank,
+                                                        int tag) {
+  const OpContext ctx = nextP2pContext(op);
+  at::Tensor tensor = validation::singleTensor(ctx, tensors, "recv");
+  if (srcRank != cpu::P2pEngine::kAnySource) validation::checkPeer(ctx, srcRank, "receive from");
+  dispatchDevice(ctx, tensor);
+  auto work = c10::make_intrusive<DdpliteWork>(
+      ctx, srcRank == cpu::P2pEngine::kAnySource ? OpType::RECVANYSOURCE : OpType::RECV, std::vector<at::Tensor>{tensor});
+  // The engine fills a contiguous tensor; a strided one gets its copy on the engine thread.
+  at::Tensor landing = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
+  p2p_->recv(srcRank, tag, landing, Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
+             [work, ctx, tensor, landing](std::exception_ptr error, int source) mutable {
+               if (!error && !landing.is_same(tensor)) tensor.copy_(landing);
+               work->setSourceRank(source);
+               work->markFinished(error ? p2pFailure(ctx, error) : nullptr);
+             });
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

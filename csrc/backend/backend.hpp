@@ -3,7 +3,8 @@
 // One object serves CPU and CUDA tensors of one process group (torch registers the same object
 // for both devices). Every collective is validated on the caller's thread, given the group's next
 // sequence number, and queued to the worker thread, which runs it through the CPU transport and
-// completes its Work. CUDA tensors are refused until the NCCL path lands (dispatchDevice).
+// completes its Work; send/recv go through the P2P engine instead. CUDA tensors are refused
+// until the NCCL path lands (dispatchDevice).
 //
 // Failure model: the first transport failure (peer closed, timeout, I/O error) records its cause
 // in the store, aborts this rank's connections (so peers fail promptly instead of hanging) and
@@ -15,6 +16,7 @@
 #include "common/errors.hpp"
 #include "cpu/algorithms/algorithm.hpp"
 #include "cpu/collectives.hpp"
+#include "cpu/p2p_engine.hpp"
 #include "cpu/transport/transport.hpp"
 #include "rendezvous/store.hpp"
 
@@ -51,6 +53,35 @@ class DdpliteBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplitSizes,
+                                               std::vector<int64_t>& inputSplitSizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+
+  // Point-to-point (P2pEngine): independent of the collectives' order and sockets; they carry
+  // their own sequence numbers ("send #3").
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
   // abort(): fail pending and future collectives now. shutdown(): finish pending ones, then
   // close. Both idempotent; destroy_process_group() calls shutdown().
@@ -69,12 +100,16 @@ class DdpliteBackend final : public c10d::Backend {
                                          std::chrono::milliseconds timeout, CpuBody body);
   void runOnWorker(DdpliteWork& work, std::chrono::milliseconds timeout, const CpuBody& body);
   std::exception_ptr failureFromTransport(const OpContext& ctx, const TransportError& error);
+  c10::intrusive_ptr<c10d::Work> postRecv(const char* op, std::vector<at::Tensor>& tensors, int srcRank, int tag);
+  OpContext nextP2pContext(const char* op);
   void markBroken(const std::string& reason);
   void throwIfBroken(const OpContext& ctx);
 
   StoreRendezvous rendezvous_;
   std::atomic<int64_t> timeoutMs_;
   std::unique_ptr<Transport> transport_;
+  std::unique_ptr<cpu::P2pEngine> p2p_;
+  std::atomic<uint64_t> p2pSeq_{0};
   cpu::Scratch scratch_;  // worker thread only
 
   std::mutex enqueueMutex_;     // makes "assign seq + enqueue" atomic

@@ -66,4 +66,54 @@ void checkSameDevice(const OpContext& ctx, const std::vector<at::Tensor>& tensor
   }
 }
 
+void checkList(const OpContext& ctx, const std::vector<at::Tensor>& tensors, size_t count, const at::Tensor& reference,
+               const char* what, const char* hint) {
+  if (tensors.size() != count) {
+    throwValueError(ctx, strCat("expected ", count, " ", what, " tensors, got ", tensors.size()), hint);
+  }
+  for (const auto& tensor : tensors) checkMatches(ctx, reference, tensor, what);
+}
+
+void checkNonEmptyList(const OpContext& ctx, const std::vector<at::Tensor>& tensors, const char* what) {
+  if (tensors.empty()) {
+    throwValueError(ctx, strCat("the list of ", what, " tensors is empty"), "pass at least one tensor");
+  }
+  for (const auto& tensor : tensors) checkTensor(ctx, tensor, what);
+  checkSameDevice(ctx, tensors);
+}
+
+void checkSplits(const OpContext& ctx, const at::Tensor& tensor, const std::vector<int64_t>& splits, const char* what) {
+  const int64_t rows = tensor.dim() == 0 ? 1 : tensor.size(0);
+  if (splits.empty()) {
+    if (rows % ctx.size != 0) {
+      throwValueError(ctx,
+                      strCat("the ", what, " tensor's first dimension (", rows, ") does not divide by the world size ",
+                             ctx.size),
+                      "pass explicit split sizes, or make dimension 0 a multiple of the world size");
+    }
+    return;
+  }
+  int64_t total = 0;
+  bool negative = false;
+  for (int64_t split : splits) {
+    total += split;
+    negative = negative || split < 0;
+  }
+  if (static_cast<int>(splits.size()) != ctx.size || negative || total != rows) {
+    throwValueError(ctx,
+                    strCat("the ", what, " split sizes (", splits.size(), " entries summing to ", total,
+                           ") must be ", ctx.size, " non-negative entries summing to dimension 0 of the tensor (",
+                           rows, ")"),
+                    "split sizes count rows of dimension 0, one entry per rank");
+  }
+}
+
+void checkPeer(const OpContext& ctx, int peer, const char* direction) {
+  if (peer < 0 || peer >= ctx.size || peer == ctx.rank) {
+    throwValueError(ctx, strCat("cannot ", direction, " rank ", peer, ": it must be another rank of this group [0, ",
+                                ctx.size, ")"),
+                    "pass the peer's rank (torch.distributed translates global ranks for subgroups)");
+  }
+}
+
 }  // namespace ddplite::validation

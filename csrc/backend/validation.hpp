@@ -27,4 +27,17 @@ void checkMatches(const OpContext& ctx, const at::Tensor& reference, const at::T
 // Same device type for every tensor in the call.
 void checkSameDevice(const OpContext& ctx, const std::vector<at::Tensor>& tensors);
 
+// `tensors` holds exactly `count` tensors, each matching `reference` (dtype and size).
+void checkList(const OpContext& ctx, const std::vector<at::Tensor>& tensors, size_t count, const at::Tensor& reference,
+               const char* what, const char* hint);
+
+// A non-empty list of valid tensors (coalesced collectives).
+void checkNonEmptyList(const OpContext& ctx, const std::vector<at::Tensor>& tensors, const char* what);
+
+// all_to_all_single: splits of dimension 0 (empty = equal parts) that add up to the tensor.
+void checkSplits(const OpContext& ctx, const at::Tensor& tensor, const std::vector<int64_t>& splits, const char* what);
+
+// send/recv peer: a rank of this group other than this one.
+void checkPeer(const OpContext& ctx, int peer, const char* direction);
+
 }  // namespace ddplite::validation

@@ -1,7 +1,7 @@
 // The Work object ddplite returns for every collective.
 //
 // Life cycle: created on the caller's thread, completed exactly once on the worker thread
-// (markFinished). The future (getFuture) completes with the list of output tensors, which is
+// (collectives) or on a P2P engine thread (send/recv) by markFinished. The future (getFuture) completes with the list of output tensors, which is
 // what DDP's comm hooks and finalize_backward read; on failure it carries the same
 // DistBackendError that wait() raises.
 #pragma once
@@ -11,6 +11,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <vector>
 
@@ -26,10 +27,13 @@ class DdpliteWork final : public c10d::Work {
   std::vector<at::Tensor> result() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override;
+  // The rank a recv's message came from (recv from any source); -1 before it completes.
+  int sourceRank() const override { return sourceRank_.load(); }
+  void setSourceRank(int rank) { sourceRank_ = rank; }
 
   const OpContext& context() const { return context_; }
 
-  // Worker thread only. Completes the future, then the Work, outside every lock of ours
+  // Completing thread only. Completes the future, then the Work, outside every lock of ours
   // (future callbacks run inline and may take the GIL).
   void markFinished(std::exception_ptr error);
 
@@ -37,6 +41,7 @@ class DdpliteWork final : public c10d::Work {
   const OpContext context_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<int> sourceRank_{-1};
 };
 
 }  // namespace ddplite

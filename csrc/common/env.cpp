@@ -13,6 +13,7 @@ constexpr const char* kDebug = "DDPLITE_DEBUG";
 constexpr const char* kRingSegmentBytes = "DDPLITE_RING_SEGMENT_BYTES";
 constexpr const char* kTreeChunkBytes = "DDPLITE_TREE_CHUNK_BYTES";
 constexpr const char* kSocketBufferBytes = "DDPLITE_SOCKET_BUFFER_BYTES";
+constexpr const char* kAlgo = "DDPLITE_ALGO";
 
 const char* rawValue(const char* name) {
   const char* value = std::getenv(name);
@@ -41,9 +42,12 @@ const std::vector<Knob>& allKnobs() {
        "'^docker,lo' (exclude). Falls back to NCCL_SOCKET_IFNAME, then GLOO_SOCKET_IFNAME; "
        "unset: the interface that reaches MASTER_ADDR"},
       {kDebug, "WARN", "Log level on stderr: WARN, INFO or TRACE"},
-      {kRingSegmentBytes, "1048576", "Largest piece one ring step sends at once (bytes)"},
+      {kRingSegmentBytes, "262144", "Largest piece one ring step sends at once (bytes)"},
       {kTreeChunkBytes, "262144", "Pipelining chunk of tree broadcast and reduce (bytes)"},
       {kSocketBufferBytes, "0", "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel default"},
+      {kAlgo, "",
+       "Pin CPU algorithms, e.g. 'allreduce:ring,broadcast:tree' (collective:algorithm, comma-separated; "
+       "'auto' for the size-based choice). Must be the same on every rank"},
   };
   return knobs;
 }
@@ -72,7 +76,7 @@ int logLevel() {
 }
 
 int64_t ringSegmentBytes() {
-  static const int64_t bytes = readBytes(kRingSegmentBytes, 1 << 20, 64);
+  static const int64_t bytes = readBytes(kRingSegmentBytes, 256 << 10, 64);
   return bytes;
 }
 
@@ -84,6 +88,11 @@ int64_t treeChunkBytes() {
 int64_t socketBufferBytes() {
   static const int64_t bytes = readBytes(kSocketBufferBytes, 0, 0);
   return bytes;
+}
+
+std::string algorithmSpec() {
+  const char* value = rawValue(kAlgo);
+  return value != nullptr ? value : "";
 }
 
 }  // namespace ddplite::env

@@ -33,4 +33,8 @@ int64_t treeChunkBytes();
 // DDPLITE_SOCKET_BUFFER_BYTES: SO_SNDBUF / SO_RCVBUF for data sockets (0 = kernel default).
 int64_t socketBufferBytes();
 
+// DDPLITE_ALGO: algorithm pins, "collective:algorithm,..." ("" when unset). Parsed and checked by
+// cpu/algorithms/selector.cpp.
+std::string algorithmSpec();
+
 }  // namespace ddplite::env

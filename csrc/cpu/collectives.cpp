@@ -1,6 +1,9 @@
 #include "cpu/collectives.hpp"
 
+#include "common/errors.hpp"
 #include "cpu/algorithms/selector.hpp"
+
+#include <algorithm>
 
 namespace ddplite::cpu {
 
@@ -20,9 +23,13 @@ void withContiguous(at::Tensor& tensor, Body body) {
   tensor.copy_(dense);
 }
 
-AlgorithmArgs argsFor(const CpuContext& ctx, at::Tensor& dense) {
-  return AlgorithmArgs{ctx.transport, ctx.deadline, ctx.scratch, static_cast<char*>(dense.data_ptr()),
-                       static_cast<size_t>(dense.numel()), static_cast<size_t>(dense.element_size())};
+char* bytesOf(const at::Tensor& dense) {
+  return static_cast<char*>(dense.data_ptr());
+}
+
+AlgorithmArgs argsFor(const CpuContext& ctx, const at::Tensor& dense) {
+  return AlgorithmArgs{ctx.transport, ctx.deadline, ctx.scratch, bytesOf(dense), static_cast<size_t>(dense.numel()),
+                       static_cast<size_t>(dense.element_size())};
 }
 
 void divideForAverage(at::Tensor& tensor, int worldSize) {
@@ -33,17 +40,116 @@ void divideForAverage(at::Tensor& tensor, int worldSize) {
   }
 }
 
+// PREMUL_SUM multiplies every rank's input by the factor (a double or a one-element tensor kept
+// in the op's supplement) before summing. `tensor` must be a buffer the collective may change.
+void premultiply(at::Tensor& tensor, const c10d::ReduceOp& op) {
+  if (op.op_ != RedOpType::PREMUL_SUM) return;
+  auto* factor = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  DDPLITE_ENFORCE(factor != nullptr, "PREMUL_SUM without its factor");
+  if (factor->tensor_factor.defined()) {
+    tensor.mul_(factor->tensor_factor.to(tensor.device(), tensor.scalar_type()));
+  } else {
+    tensor.mul_(factor->double_factor);
+  }
+}
+
+void finishReduction(at::Tensor& result, const c10d::ReduceOp& op, int worldSize) {
+  if (op.op_ == RedOpType::AVG) divideForAverage(result, worldSize);
+}
+
+// A fresh contiguous buffer holding `tensors` one after another, flattened.
+at::Tensor concatenated(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(tensors.size());
+  for (const auto& tensor : tensors) flat.push_back(tensor.reshape(-1));
+  return at::cat(flat);
+}
+
+// Copies consecutive pieces of `flat` back into `tensors` (their shapes decide the pieces).
+void splitInto(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (auto& tensor : tensors) {
+    tensor.copy_(flat.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
+    offset += tensor.numel();
+  }
+}
+
+std::vector<Span> equalSpans(int parts, size_t bytesEach) {
+  std::vector<Span> spans(parts);
+  for (int i = 0; i < parts; ++i) spans[i] = {i * bytesEach, bytesEach};
+  return spans;
+}
+
+// Spans of consecutive rows of dimension 0; empty splits mean `parts` equal parts.
+std::vector<Span> rowSpans(const at::Tensor& tensor, const std::vector<int64_t>& splits, int parts) {
+  const int64_t rows = tensor.dim() == 0 ? 1 : tensor.size(0);
+  const size_t rowBytes = rows == 0 ? 0 : tensor.nbytes() / static_cast<size_t>(rows);
+  std::vector<Span> spans(parts);
+  size_t offset = 0;
+  for (int i = 0; i < parts; ++i) {
+    const size_t bytes = (splits.empty() ? static_cast<size_t>(rows / parts) : static_cast<size_t>(splits[i])) * rowBytes;
+    spans[i] = {offset, bytes};
+    offset += bytes;
+  }
+  return spans;
+}
+
+std::vector<Span> tensorSpans(const std::vector<at::Tensor>& tensors) {
+  std::vector<Span> spans(tensors.size());
+  size_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    spans[i] = {offset, tensors[i].nbytes()};
+    offset += tensors[i].nbytes();
+  }
+  return spans;
+}
+
+ExchangeArgs exchangeArgs(const CpuContext& ctx, const char* sendData, std::vector<Span> sendSpans, char* recvData,
+                          std::vector<Span> recvSpans, int root = 0) {
+  return ExchangeArgs{ctx.transport, ctx.deadline, sendData, std::move(sendSpans), recvData, std::move(recvSpans), root};
+}
+
+// Reduce-scatter on a working buffer of P equal blocks that the algorithm may overwrite.
+void reduceScatterWorking(const CpuContext& ctx, at::Tensor& working, at::Tensor& output, const c10d::ReduceOp& op) {
+  const int size = ctx.transport.size();
+  premultiply(working, op);
+  AlgorithmArgs args = argsFor(ctx, working);
+  args.count = static_cast<size_t>(output.numel());
+  args.reduce = selectReduceFn(working.scalar_type(), op.op_);
+  selectAlgorithm(Collective::kReduceScatter, working.nbytes(), size).run(args);
+  at::Tensor mine = working.narrow(0, ctx.transport.rank() * output.numel(), output.numel());
+  finishReduction(mine, op, size);
+  output.copy_(mine.view(output.sizes()));
+}
+
 }  // namespace
 
-void allreduce(const CpuContext& ctx, at::Tensor& tensor, RedOpType op) {
+void allreduce(const CpuContext& ctx, at::Tensor& tensor, const c10d::ReduceOp& op) {
   if (tensor.numel() == 0) return;
   withContiguous(tensor, [&](at::Tensor& dense) {
+    premultiply(dense, op);
     AlgorithmArgs args = argsFor(ctx, dense);
-    args.reduce = selectReduceFn(dense.scalar_type(), op);
+    args.reduce = selectReduceFn(dense.scalar_type(), op.op_);
     selectAlgorithm(Collective::kAllreduce, dense.nbytes(), ctx.transport.size()).run(args);
   });
-  if (op == RedOpType::AVG) {
-    divideForAverage(tensor, ctx.transport.size());
+  finishReduction(tensor, op, ctx.transport.size());
+}
+
+void allreduceCoalesced(const CpuContext& ctx, std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op) {
+  std::vector<c10::ScalarType> dtypes;
+  for (const auto& tensor : tensors) {
+    if (std::find(dtypes.begin(), dtypes.end(), tensor.scalar_type()) == dtypes.end()) {
+      dtypes.push_back(tensor.scalar_type());
+    }
+  }
+  for (c10::ScalarType dtype : dtypes) {
+    std::vector<at::Tensor> group;
+    for (const auto& tensor : tensors) {
+      if (tensor.scalar_type() == dtype) group.push_back(tensor);
+    }
+    at::Tensor flat = concatenated(group);
+    allreduce(ctx, flat, op);
+    splitInto(flat, group);
   }
 }
 
@@ -56,19 +162,22 @@ void broadcast(const CpuContext& ctx, at::Tensor& tensor, int root) {
   });
 }
 
-void reduce(const CpuContext& ctx, at::Tensor& tensor, int root, RedOpType op) {
-  if (tensor.numel() == 0 || ctx.transport.size() == 1) {
-    return;  // AVG over one rank is the identity
+void reduce(const CpuContext& ctx, at::Tensor& tensor, int root, const c10d::ReduceOp& op) {
+  if (tensor.numel() == 0) return;
+  if (ctx.transport.size() == 1) {
+    premultiply(tensor, op);  // AVG over one rank is the identity; PREMUL_SUM still scales
+    return;
   }
   const bool isRoot = ctx.transport.rank() == root;
   // Non-root ranks accumulate into a copy: their inputs stay as they were.
   at::Tensor accumulator = isRoot ? tensor.contiguous() : tensor.clone(at::MemoryFormat::Contiguous);
+  premultiply(accumulator, op);
   AlgorithmArgs args = argsFor(ctx, accumulator);
   args.root = root;
-  args.reduce = selectReduceFn(accumulator.scalar_type(), op);
+  args.reduce = selectReduceFn(accumulator.scalar_type(), op.op_);
   selectAlgorithm(Collective::kReduce, accumulator.nbytes(), ctx.transport.size()).run(args);
   if (isRoot) {
-    if (op == RedOpType::AVG) divideForAverage(accumulator, ctx.transport.size());
+    finishReduction(accumulator, op, ctx.transport.size());
     if (!accumulator.is_same(tensor)) tensor.copy_(accumulator);
   }
 }
@@ -86,9 +195,63 @@ void allgatherInto(const CpuContext& ctx, const at::Tensor& input, at::Tensor& o
 void allgatherList(const CpuContext& ctx, const at::Tensor& input, std::vector<at::Tensor>& outputs) {
   at::Tensor gathered = at::empty({static_cast<int64_t>(outputs.size()) * input.numel()}, input.options());
   allgatherInto(ctx, input, gathered);
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    outputs[i].copy_(gathered.narrow(0, static_cast<int64_t>(i) * input.numel(), input.numel()).view_as(outputs[i]));
+  splitInto(gathered, outputs);
+}
+
+void reduceScatterInto(const CpuContext& ctx, const at::Tensor& input, at::Tensor& output, const c10d::ReduceOp& op) {
+  at::Tensor working = input.reshape(-1).clone(at::MemoryFormat::Contiguous);
+  reduceScatterWorking(ctx, working, output, op);
+}
+
+void reduceScatterList(const CpuContext& ctx, const std::vector<at::Tensor>& inputs, at::Tensor& output,
+                       const c10d::ReduceOp& op) {
+  at::Tensor working = concatenated(inputs);
+  reduceScatterWorking(ctx, working, output, op);
+}
+
+void gather(const CpuContext& ctx, const at::Tensor& input, std::vector<at::Tensor>& outputs, int root) {
+  const int size = ctx.transport.size();
+  const at::Tensor source = input.contiguous();
+  const std::vector<Span> sendSpans(size, Span{0, source.nbytes()});
+  if (ctx.transport.rank() != root) {
+    gatherDirect(exchangeArgs(ctx, bytesOf(source), sendSpans, nullptr, {}, root));
+    return;
   }
+  at::Tensor gathered = at::empty({size * input.numel()}, input.options());
+  gatherDirect(exchangeArgs(ctx, bytesOf(source), sendSpans, bytesOf(gathered), equalSpans(size, source.nbytes()), root));
+  splitInto(gathered, outputs);
+}
+
+void scatter(const CpuContext& ctx, const std::vector<at::Tensor>& inputs, at::Tensor& output, int root) {
+  const int size = ctx.transport.size();
+  withContiguous(output, [&](at::Tensor& dense) {
+    const std::vector<Span> recvSpans(size, Span{0, dense.nbytes()});
+    if (ctx.transport.rank() != root) {
+      scatterDirect(exchangeArgs(ctx, nullptr, {}, bytesOf(dense), recvSpans, root));
+      return;
+    }
+    const at::Tensor source = concatenated(inputs);
+    scatterDirect(exchangeArgs(ctx, bytesOf(source), equalSpans(size, dense.nbytes()), bytesOf(dense), recvSpans, root));
+  });
+}
+
+void alltoallBase(const CpuContext& ctx, const at::Tensor& input, at::Tensor& output,
+                  const std::vector<int64_t>& inputSplits, const std::vector<int64_t>& outputSplits) {
+  const int size = ctx.transport.size();
+  const at::Tensor source = input.contiguous();
+  withContiguous(output, [&](at::Tensor& dense) {
+    alltoallPairwise(exchangeArgs(ctx, bytesOf(source), rowSpans(source, inputSplits, size), bytesOf(dense),
+                                  rowSpans(dense, outputSplits, size)));
+  });
+}
+
+void alltoallList(const CpuContext& ctx, const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& outputs) {
+  const at::Tensor source = concatenated(inputs);
+  int64_t received = 0;
+  for (const auto& output : outputs) received += output.numel();
+  at::Tensor landing = at::empty({received}, source.options());
+  alltoallPairwise(exchangeArgs(ctx, bytesOf(source), tensorSpans(inputs), bytesOf(landing), tensorSpans(outputs)));
+  splitInto(landing, outputs);
 }
 
 void barrier(const CpuContext& ctx) {

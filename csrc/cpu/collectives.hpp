@@ -1,7 +1,9 @@
 // CPU collectives on tensors: the bridge from at::Tensor to the byte-level algorithms.
 //
 // Contract: called on the backend's worker thread only, after validation (backend/validation)
-// has accepted the arguments. Results land in the caller's tensors, contiguous or not.
+// has accepted the arguments. Results land in the caller's tensors, contiguous or not; inputs
+// that torch documents as unchanged (reduce on non-roots, reduce_scatter, gather, scatter,
+// alltoall inputs) are left unchanged.
 #pragma once
 
 #include "cpu/algorithms/algorithm.hpp"
@@ -19,12 +21,26 @@ struct CpuContext {
   Deadline deadline;
 };
 
-void allreduce(const CpuContext& ctx, at::Tensor& tensor, c10d::ReduceOp::RedOpType op);
+void allreduce(const CpuContext& ctx, at::Tensor& tensor, const c10d::ReduceOp& op);
+// One allreduce per dtype present, over the tensors of that dtype flattened together.
+void allreduceCoalesced(const CpuContext& ctx, std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op);
 void broadcast(const CpuContext& ctx, at::Tensor& tensor, int root);
-void reduce(const CpuContext& ctx, at::Tensor& tensor, int root, c10d::ReduceOp::RedOpType op);
+void reduce(const CpuContext& ctx, at::Tensor& tensor, int root, const c10d::ReduceOp& op);
 // output holds P * input.numel() elements, rank-major.
 void allgatherInto(const CpuContext& ctx, const at::Tensor& input, at::Tensor& output);
 void allgatherList(const CpuContext& ctx, const at::Tensor& input, std::vector<at::Tensor>& outputs);
+// input holds P * output.numel() elements, rank-major; block `rank` reduced lands in output.
+void reduceScatterInto(const CpuContext& ctx, const at::Tensor& input, at::Tensor& output, const c10d::ReduceOp& op);
+void reduceScatterList(const CpuContext& ctx, const std::vector<at::Tensor>& inputs, at::Tensor& output,
+                       const c10d::ReduceOp& op);
+// outputs: P tensors on the root, empty elsewhere.
+void gather(const CpuContext& ctx, const at::Tensor& input, std::vector<at::Tensor>& outputs, int root);
+// inputs: P tensors on the root, empty elsewhere.
+void scatter(const CpuContext& ctx, const std::vector<at::Tensor>& inputs, at::Tensor& output, int root);
+// Splits count rows of dimension 0; empty splits mean P equal parts.
+void alltoallBase(const CpuContext& ctx, const at::Tensor& input, at::Tensor& output,
+                  const std::vector<int64_t>& inputSplits, const std::vector<int64_t>& outputSplits);
+void alltoallList(const CpuContext& ctx, const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& outputs);
 void barrier(const CpuContext& ctx);
 
 }  // namespace ddplite::cpu

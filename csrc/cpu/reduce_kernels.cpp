@@ -58,11 +58,18 @@ ReduceFn selectArithmetic(RedOpType op) {
   }
 }
 
+// PREMUL_SUM: the caller has already multiplied the input by the factor; what remains is a sum.
+template <typename T>
+ReduceFn selectFloating(RedOpType op) {
+  return op == RedOpType::PREMUL_SUM ? &reduceLoop<T, Sum> : selectArithmetic<T>(op);
+}
+
 template <typename T>
 ReduceFn selectWidened(RedOpType op) {
   switch (op) {
     case RedOpType::SUM:
-    case RedOpType::AVG: return &reduceLoopWidened<T, Sum>;
+    case RedOpType::AVG:
+    case RedOpType::PREMUL_SUM: return &reduceLoopWidened<T, Sum>;
     case RedOpType::PRODUCT: return &reduceLoopWidened<T, Product>;
     case RedOpType::MIN: return &reduceLoopWidened<T, Min>;
     case RedOpType::MAX: return &reduceLoopWidened<T, Max>;
@@ -107,8 +114,8 @@ bool isSupportedDtype(c10::ScalarType dtype) {
 
 ReduceFn selectReduceFn(c10::ScalarType dtype, RedOpType op) {
   switch (dtype) {
-    case c10::kFloat: return selectArithmetic<float>(op);
-    case c10::kDouble: return selectArithmetic<double>(op);
+    case c10::kFloat: return selectFloating<float>(op);
+    case c10::kDouble: return selectFloating<double>(op);
     case c10::kHalf: return selectWidened<c10::Half>(op);
     case c10::kBFloat16: return selectWidened<c10::BFloat16>(op);
     case c10::kChar: return selectIntegral<int8_t>(op);
@@ -142,7 +149,7 @@ std::string reduceOpProblem(c10::ScalarType dtype, RedOpType op) {
   std::string name = reduceOpName(op);
   std::string type = c10::toString(dtype);
   if (op == RedOpType::PREMUL_SUM) {
-    return "ReduceOp.PREMUL_SUM is not supported by ddplite on CPU yet";
+    return "ReduceOp.PREMUL_SUM is defined for floating-point tensors only, not " + type;
   }
   if (dtype == c10::kBool) {
     return "ReduceOp." + name + " is not defined for bool tensors (use SUM/MAX for 'any', PRODUCT/MIN for 'all')";

@@ -15,4 +15,53 @@ TreePosition binaryTreePosition(int rank, int size, int root) {
   return position;
 }
 
+Fold Fold::of(int rank, int size) {
+  Fold fold;
+  while (fold.p2 * 2 <= size) fold.p2 *= 2;
+  fold.extra = size - fold.p2;
+  if (rank < 2 * fold.extra) {
+    fold.participant = (rank % 2 == 1) ? rank / 2 : -1;
+  } else {
+    fold.participant = rank - fold.extra;
+  }
+  return fold;
+}
+
+void halvingReduceScatter(const AlgorithmArgs& args, const Fold& fold, const std::vector<size_t>& offsets,
+                          char* incoming) {
+  const int me = fold.participant;
+  int low = 0;
+  int high = fold.p2;
+  while (high - low > 1) {
+    const int half = (high - low) / 2;
+    const int middle = low + half;
+    const bool lower = me < middle;
+    const int partner = fold.realRank(lower ? me + half : me - half);
+    const int keepLow = lower ? low : middle;
+    const int keepHigh = lower ? middle : high;
+    const int giveLow = lower ? middle : low;
+    const int giveHigh = lower ? high : middle;
+    const size_t keepBytes = offsets[keepHigh] - offsets[keepLow];
+    args.transport.sendRecv(partner, args.data + offsets[giveLow], offsets[giveHigh] - offsets[giveLow], partner,
+                            incoming, keepBytes, args.deadline);
+    args.reduce(args.data + offsets[keepLow], incoming, keepBytes / args.elementSize);
+    low = keepLow;
+    high = keepHigh;
+  }
+}
+
+void doublingAllgather(const AlgorithmArgs& args, const Fold& fold, const std::vector<size_t>& offsets) {
+  const int me = fold.participant;
+  for (int distance = 1; distance < fold.p2; distance *= 2) {
+    const int partner = me ^ distance;
+    const int myLow = (me / distance) * distance;
+    const int partnerLow = (partner / distance) * distance;
+    const size_t myBegin = offsets[myLow];
+    const size_t partnerBegin = offsets[partnerLow];
+    args.transport.sendRecv(fold.realRank(partner), args.data + myBegin, offsets[myLow + distance] - myBegin,
+                            fold.realRank(partner), args.data + partnerBegin,
+                            offsets[partnerLow + distance] - partnerBegin, args.deadline);
+  }
+}
+
 }  // namespace ddplite::cpu

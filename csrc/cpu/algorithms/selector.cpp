@@ -1,16 +1,183 @@
 #include "cpu/algorithms/selector.hpp"
 
+#include "common/env.hpp"
+#include "common/errors.hpp"
+
+#include <array>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
 namespace ddplite::cpu {
 
-Selection selectAlgorithm(Collective collective, size_t /*bytes*/, int /*worldSize*/) {
-  switch (collective) {
-    case Collective::kAllreduce: return {&allreduceRing, "ring"};
-    case Collective::kBroadcast: return {&broadcastBinaryTree, "tree"};
-    case Collective::kReduce: return {&reduceBinaryTree, "tree"};
-    case Collective::kAllgather: return {&allgatherRing, "ring"};
-    case Collective::kBarrier: return {&barrierDissemination, "dissemination"};
+namespace {
+
+struct Entry {
+  const char* name;
+  Algorithm run;
+};
+
+struct CollectiveTable {
+  Collective collective;
+  const char* name;
+  std::vector<Entry> algorithms;
+};
+
+const std::vector<CollectiveTable>& tables() {
+  static const std::vector<CollectiveTable> all = {
+      {Collective::kAllreduce,
+       "allreduce",
+       {{"naive", &allreduceNaive},
+        {"ring", &allreduceRing},
+        {"butterfly", &allreduceButterfly},
+        {"halving_doubling", &allreduceHalvingDoubling}}},
+      {Collective::kBroadcast,
+       "broadcast",
+       {{"naive", &broadcastNaive}, {"tree", &broadcastBinaryTree}, {"ring", &broadcastRing}}},
+      {Collective::kReduce, "reduce", {{"naive", &reduceNaive}, {"tree", &reduceBinaryTree}}},
+      {Collective::kAllgather, "allgather", {{"ring", &allgatherRing}, {"doubling", &allgatherDoubling}}},
+      {Collective::kReduceScatter,
+       "reduce_scatter",
+       {{"ring", &reduceScatterRing}, {"halving", &reduceScatterHalving}}},
+      {Collective::kBarrier, "barrier", {{"dissemination", &barrierDissemination}}},
+  };
+  return all;
+}
+
+const CollectiveTable& tableOf(Collective collective) {
+  return tables()[static_cast<size_t>(collective)];
+}
+
+// Pinned algorithm index per collective; -1 = automatic.
+std::mutex pinsMutex;
+std::array<int, 6> pins = {-1, -1, -1, -1, -1, -1};
+
+const Entry& byName(const CollectiveTable& table, const char* name) {
+  for (const Entry& entry : table.algorithms) {
+    if (std::string(entry.name) == name) return entry;
   }
-  return {nullptr, "none"};
+  DDPLITE_ENFORCE(false, "no algorithm ", name, " for ", table.name);
+}
+
+// The automatic rule. Thresholds come from the sweeps in docs/algorithms.md (2-core machine,
+// 2-5 ranks over loopback TCP): latency-bound sizes take the algorithms with the fewest
+// message rounds, bandwidth-bound sizes the ones that move the fewest bytes per rank.
+const char* automaticChoice(Collective collective, size_t bytes, int worldSize) {
+  constexpr size_t kSmall = 64 * 1024;
+  switch (collective) {
+    case Collective::kAllreduce:
+      return bytes <= kSmall ? "butterfly" : "ring";
+    case Collective::kBroadcast:
+      return (bytes <= 256 * 1024 || worldSize <= 3) ? "tree" : "ring";
+    case Collective::kReduce:
+      return "tree";
+    case Collective::kAllgather:
+      return bytes <= kSmall ? "doubling" : "ring";
+    case Collective::kReduceScatter:
+      return bytes <= kSmall ? "halving" : "ring";
+    case Collective::kBarrier:
+      return "dissemination";
+  }
+  return "";
+}
+
+std::string trim(const std::string& text) {
+  const size_t first = text.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  return text.substr(first, text.find_last_not_of(" \t") - first + 1);
+}
+
+std::string choicesText() {
+  std::ostringstream out;
+  for (const auto& table : tables()) {
+    out << (&table == &tables().front() ? "" : "; ") << table.name << ":";
+    for (const Entry& entry : table.algorithms) out << (&entry == &table.algorithms.front() ? "" : "|") << entry.name;
+  }
+  return out.str();
+}
+
+[[noreturn]] void badSpec(const std::string& spec, const std::string& token, const std::string& why) {
+  throw std::invalid_argument(strCat("bad algorithm pin '", token, "' in '", spec, "': ", why,
+                                     ". Write collective:algorithm pairs separated by commas, e.g. "
+                                     "'allreduce:ring,broadcast:tree'; valid choices (or 'auto'): ",
+                                     choicesText()));
+}
+
+}  // namespace
+
+Selection selectAlgorithm(Collective collective, size_t bytes, int worldSize) {
+  const CollectiveTable& table = tableOf(collective);
+  int pinned;
+  {
+    std::lock_guard<std::mutex> lock(pinsMutex);
+    pinned = pins[static_cast<size_t>(collective)];
+  }
+  const Entry& entry = pinned >= 0 ? table.algorithms[pinned] : byName(table, automaticChoice(collective, bytes, worldSize));
+  return {entry.run, entry.name};
+}
+
+void setAlgorithmPins(const std::string& spec) {
+  std::array<int, 6> updated;
+  {
+    std::lock_guard<std::mutex> lock(pinsMutex);
+    updated = pins;
+  }
+  if (trim(spec).empty() || trim(spec) == "auto") {
+    updated.fill(-1);
+  }
+  std::stringstream tokens(trim(spec) == "auto" ? "" : spec);
+  std::string token;
+  while (std::getline(tokens, token, ',')) {
+    token = trim(token);
+    if (token.empty()) continue;
+    const size_t colon = token.find(':');
+    if (colon == std::string::npos) badSpec(spec, token, "missing ':'");
+    const std::string collective = trim(token.substr(0, colon));
+    const std::string algorithm = trim(token.substr(colon + 1));
+    const CollectiveTable* table = nullptr;
+    for (const auto& candidate : tables()) {
+      if (collective == candidate.name) table = &candidate;
+    }
+    if (table == nullptr) badSpec(spec, token, strCat("unknown collective '", collective, "'"));
+    int index = -1;
+    for (size_t i = 0; i < table->algorithms.size(); ++i) {
+      if (algorithm == table->algorithms[i].name) index = static_cast<int>(i);
+    }
+    if (index < 0 && algorithm != "auto") {
+      badSpec(spec, token, strCat("'", algorithm, "' is not an algorithm of ", collective));
+    }
+    updated[static_cast<size_t>(table->collective)] = index;
+  }
+  std::lock_guard<std::mutex> lock(pinsMutex);
+  pins = updated;
+}
+
+std::vector<std::pair<std::string, std::string>> algorithmPins() {
+  std::lock_guard<std::mutex> lock(pinsMutex);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& table : tables()) {
+    const int pinned = pins[static_cast<size_t>(table.collective)];
+    out.emplace_back(table.name, pinned >= 0 ? table.algorithms[pinned].name : "auto");
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<std::string>>> availableAlgorithms() {
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  for (const auto& table : tables()) {
+    std::vector<std::string> names;
+    for (const Entry& entry : table.algorithms) names.emplace_back(entry.name);
+    out.emplace_back(table.name, names);
+  }
+  return out;
+}
+
+void applyAlgorithmPinsFromEnv() {
+  static std::once_flag applied;
+  std::call_once(applied, [] {
+    const std::string spec = env::algorithmSpec();
+    if (!spec.empty()) setAlgorithmPins(spec);
+  });
 }
 
 }  // namespace ddplite::cpu

@@ -118,7 +118,7 @@ TcpTransport::~TcpTransport() {
 }
 
 std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& rendezvous, int rank, int size,
-                                                            Deadline deadline) {
+                                                            Deadline deadline, const std::string& purpose) {
   std::unique_ptr<TcpTransport> transport(new TcpTransport(rank, size));
   if (size == 1) {
     return transport;
@@ -140,13 +140,13 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
   getsockname(listener, reinterpret_cast<sockaddr*>(&bound), &length);
   const std::string myAddress = strCat(host, ":", ntohs(bound.sin_port));
   DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " listens on ", myAddress, " (", why, ")");
-  rendezvous.set(strCat("addr/", rank), myAddress);
+  rendezvous.set(strCat(purpose, "addr/", rank), myAddress);
   transport->addresses_[rank] = myAddress;
 
   // Connect to every lower rank; retry refusals until the deadline (a peer may be slow to
   // accept only if its backlog is full, which the retry covers).
   for (int peer = 0; peer < rank; ++peer) {
-    const std::string peerAddress = rendezvous.get(strCat("addr/", peer), strCat("the address of rank ", peer));
+    const std::string peerAddress = rendezvous.get(strCat(purpose, "addr/", peer), strCat("the address of rank ", peer));
     transport->addresses_[peer] = peerAddress;
     sockaddr_in target = parseAddress(peerAddress);
     int lastError = 0;
@@ -208,7 +208,7 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
     if (peer == rank) continue;
     tuneDataSocket(transport->fds_[peer]);
     if (transport->addresses_[peer].empty()) {
-      transport->addresses_[peer] = rendezvous.get(strCat("addr/", peer), strCat("the address of rank ", peer));
+      transport->addresses_[peer] = rendezvous.get(strCat(purpose, "addr/", peer), strCat("the address of rank ", peer));
     }
   }
   return transport;

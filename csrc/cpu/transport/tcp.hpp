@@ -20,9 +20,10 @@ namespace ddplite {
 class TcpTransport final : public Transport {
  public:
   // Collective over the group: returns once every pair is connected. Throws DistBackendError
-  // naming the unreachable peer if a connection cannot be made before `deadline`.
+  // naming the unreachable peer if a connection cannot be made before `deadline`. `purpose`
+  // keeps the store keys of several meshes of one group apart ("" for the collectives' mesh).
   static std::unique_ptr<TcpTransport> connectFullMesh(StoreRendezvous& rendezvous, int rank, int size,
-                                                       Deadline deadline);
+                                                       Deadline deadline, const std::string& purpose = "");
   ~TcpTransport() override;
 
   int rank() const override { return rank_; }
