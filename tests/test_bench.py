@@ -1,0 +1,210 @@
+"""The benchmark tool's own logic: sizes, bandwidth factors, JSON schema, plot, unsupported ops.
+
+Sweeps are tiny (8 B to 1 KB, two ranks, a few iterations); no performance is asserted.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness import run_ranks
+from torch_ddp_lite.bench import ddp, report
+from torch_ddp_lite.bench.__main__ import main as bench_main
+from torch_ddp_lite.bench.control import run_everywhere
+from torch_ddp_lite.bench.fit import fit_rows
+from torch_ddp_lite.bench.sweep import (OPS, OpShape, bandwidths, bus_bandwidth_factor, format_size, op_shape,
+                                        parse_size, plan_iterations, rotated, size_sweep, split_evenly)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TINY_SWEEP = ["--world-size", "2", "--backends", "ddplite,gloo", "-b", "8", "-e", "1K", "-f", "4",
+              "--min-iters", "2", "--max-iters", "4", "--time-per-point", "0.01", "--rounds", "2"]
+TINY_SIZES = [8, 32, 128, 512]
+
+
+def run_module(module, *args, timeout=180):
+    result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                            timeout=timeout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("text, expected", [("8", 8), ("1K", 1024), ("64k", 65536), ("2KB", 2048),
+                                            ("256M", 256 << 20), ("1G", 1 << 30), ("4MiB", 4 << 20)])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "M", "1.5M", "-8", "8T"])
+def test_parse_size_rejects_garbage(text):
+    with pytest.raises(ValueError, match="bad size"):
+        parse_size(text)
+
+
+def test_format_size():
+    assert [format_size(n) for n in (8, 1000, 1024, 65536, 256 << 20, 1 << 30)] == \
+        ["8 B", "1000 B", "1 KB", "64 KB", "256 MB", "1 GB"]
+
+
+def test_size_sweep():
+    assert size_sweep(8, 1024, 2) == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert size_sweep(8, 1024, 4) == TINY_SIZES
+    assert size_sweep(8, parse_size("256M"), 2)[-1] == 256 << 20
+    assert len(size_sweep(8, parse_size("256M"), 2)) == 26
+    assert size_sweep(8, 8, 2) == [8]
+    for bad in [(0, 8, 2), (16, 8, 2), (8, 16, 1)]:
+        with pytest.raises(ValueError):
+            size_sweep(*bad)
+
+
+@pytest.mark.parametrize("world_size, all_reduce, split_ops", [(1, 0.0, 0.0), (2, 1.0, 0.5), (3, 4 / 3, 2 / 3),
+                                                               (8, 1.75, 0.875)])
+def test_bus_bandwidth_factors_match_nccl_tests(world_size, all_reduce, split_ops):
+    assert bus_bandwidth_factor("all_reduce", world_size) == pytest.approx(all_reduce)
+    for op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
+        assert bus_bandwidth_factor(op, world_size) == pytest.approx(split_ops)
+    assert bus_bandwidth_factor("broadcast", world_size) == 1.0
+    assert bus_bandwidth_factor("barrier", world_size) is None
+
+
+def test_bus_bandwidth_factor_rejects_unknown_op():
+    with pytest.raises(ValueError, match="unknown op"):
+        bus_bandwidth_factor("all_reduce_coalesced", 2)
+
+
+def test_bandwidths():
+    # 1 GB all_reduce in 0.5 s on 4 ranks: algbw 2 GB/s, busbw 2 * 2 * 3/4 = 3 GB/s.
+    assert bandwidths("all_reduce", 10 ** 9, 0.5, 4) == pytest.approx((2.0, 3.0))
+    assert bandwidths("broadcast", 10 ** 9, 0.5, 4) == pytest.approx((2.0, 2.0))
+    assert bandwidths("barrier", 0, 1e-4, 4) == (None, None)
+
+
+def test_op_shapes_follow_nccl_tests_size_semantics():
+    # 40 B of float32 on 3 ranks: 10 elements, rounded down to 9 for the ops that split by rank.
+    assert op_shape("all_reduce", 40, 4, 3) == OpShape(count=10, nbytes=40, input_numel=10, output_numel=10)
+    assert op_shape("broadcast", 40, 4, 3) == OpShape(10, 40, 10, 10)
+    assert op_shape("all_gather_into_tensor", 40, 4, 3) == OpShape(9, 36, 3, 9)
+    assert op_shape("reduce_scatter_tensor", 40, 4, 3) == OpShape(9, 36, 9, 3)
+    assert op_shape("all_to_all_single", 40, 4, 3) == OpShape(9, 36, 9, 9)
+    assert op_shape("barrier", 40, 4, 3) == OpShape(0, 0, 0, 0)
+
+
+def test_op_shape_too_small_is_none():
+    assert op_shape("all_reduce", 2, 4, 2) is None
+    assert op_shape("all_gather_into_tensor", 8, 4, 3) is None
+
+
+def test_iteration_planning():
+    assert plan_iterations(0.001, 0.25, 5, 1000) == 250
+    assert plan_iterations(1.0, 0.25, 5, 1000) == 5
+    assert plan_iterations(1e-7, 0.25, 5, 1000) == 1000
+    assert plan_iterations(0.3, math.inf, 20, 20) == 20
+    assert split_evenly(5, 4) == [2, 1, 1, 1]
+    assert split_evenly(8, 2) == [4, 4]
+    assert rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+
+
+def test_table_line_ratios_and_missing_backend():
+    shape = OpShape(256, 1024, 256, 256)
+
+    def row(backend, seconds):
+        return report.make_row("all_reduce", backend, 2, "cpu", "float32", shape, seconds,
+                               bandwidths("all_reduce", shape.nbytes, seconds, 2))
+
+    line = report.table_line({"ddplite": row("ddplite", 1e-4), "gloo": row("gloo", 2e-4)}, ["ddplite", "gloo", "nccl"])
+    assert line.split() == ["1024", "256", "float32", "100.0", "0.010", "0.010", "200.0", "0.005", "0.005",
+                            "-", "-", "-", "0.50", "2.00", "-", "-"]
+
+
+def test_alpha_beta_fit_recovers_a_known_line():
+    # Ring allreduce on 2 ranks: 2 steps of 25 us, and 1 ns per byte (1/R = 1e-9 s/B, busbw 1 GB/s).
+    rows = [{"op": "all_reduce", "backend": "ddplite", "world_size": 2, "bytes": size, "time_us": 50 + size * 1e-3}
+            for size in (8, 1024, 1 << 20, 1 << 26)]
+    fit = fit_rows(rows, min_bytes=1, max_bytes=1 << 30)[("all_reduce", "ddplite", 2)]
+    assert fit["alpha_us"] == pytest.approx(25.0)
+    assert fit["busbw_inf"] == pytest.approx(1.0)
+    assert fit["max_residual"] < 1e-9
+
+
+def _probe_failing_on_rank_1(rank, world_size):
+    def attempt():
+        if rank == 1:
+            raise RuntimeError("Backend fake does not support this_op\nmore detail")
+        return "ran"
+
+    return run_everywhere(attempt), run_everywhere(lambda: "ran")
+
+
+def test_unsupported_op_is_agreed_by_all_ranks():
+    results = run_ranks(_probe_failing_on_rank_1, 2, backend="gloo", timeout_s=60)
+    for failed, succeeded in results:
+        assert failed == (None, "rank 1: RuntimeError: Backend fake does not support this_op")
+        assert succeeded == ("ran", None)
+
+
+def test_tiny_sweep_json_table_and_plot(tmp_path):
+    json_path, plot_path = tmp_path / "rows.json", tmp_path / "plot.png"
+    stdout = run_module("torch_ddp_lite.bench", *TINY_SWEEP, "--json", str(json_path), "--plot", str(plot_path))
+    rows = json.loads(json_path.read_text())
+
+    types = {"op": str, "backend": str, "world_size": int, "device": str, "dtype": str, "bytes": int, "count": int,
+             "time_us": float}
+    for row in rows:
+        assert tuple(row) == report.ROW_KEYS
+        assert all(isinstance(row[key], kind) for key, kind in types.items()), row
+        assert (row["world_size"], row["device"], row["dtype"]) == (2, "cpu", "float32")
+        assert row["time_us"] > 0
+        bandwidth_type = type(None) if row["op"] == "barrier" else float
+        assert isinstance(row["algbw"], bandwidth_type) and isinstance(row["busbw"], bandwidth_type)
+    keys = [(row["op"], row["backend"], row["bytes"]) for row in rows]
+    assert len(keys) == len(set(keys)), "one row per op x backend x size"
+
+    for op in OPS:
+        expected_sizes = [0] if op == "barrier" else TINY_SIZES
+        assert f"# {op}\n" in stdout
+        for backend in ("ddplite", "gloo"):
+            sizes = [row["bytes"] for row in rows if (row["op"], row["backend"]) == (op, backend)]
+            if sizes:
+                assert sizes == expected_sizes, (op, backend)
+            else:  # skipped: only because the backend does not support the op, and said so
+                assert f"# {backend}: not measured, unsupported here" in stdout.split(f"# {op}\n")[1].split("\n\n")[0]
+    assert {row["op"] for row in rows if row["backend"] == "gloo"} == set(OPS)
+    assert "ddplite/gloo" in stdout
+    assert plot_path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_ddp_bench_tiny(tmp_path):
+    json_path = tmp_path / "ddp.json"
+    stdout = run_module("torch_ddp_lite.bench", "ddp", "--world-size", "2", "--models", "resnet18", "--batch-size",
+                        "2", "--steps", "1", "--warmup-steps", "1", "--rounds", "1", "--json", str(json_path))
+    rows = json.loads(json_path.read_text())
+    assert [(row["model"], row["backend"]) for row in rows] == [("resnet18", "ddplite"), ("resnet18", "gloo")]
+    for row in rows:
+        assert tuple(row) == ddp.ROW_KEYS
+        assert row["params"] == 11_181_642 and row["batch_per_rank"] == 2
+        assert row["images_per_s"] == pytest.approx(2 * 2 / (row["step_ms"] / 1e3))
+    assert "resnet18" in stdout
+
+
+def test_mlp_has_about_25m_parameters():
+    assert sum(p.numel() for p in ddp.communication_heavy_mlp().parameters()) == 25_194_506
+
+
+def test_bad_arguments_are_refused_before_launching(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_main(["--ops", "all_reduce,allreduce"])
+    assert exit_info.value.code == 2
+    assert "unknown op(s) allreduce" in capsys.readouterr().err
+
+
+def test_collect_env_names_versions_and_transports():
+    import torch
+
+    stdout = run_module("torch_ddp_lite.collect_env", timeout=60)
+    assert f"torch: {torch.__version__}\n" in stdout
+    assert "transports: tcp\n" in stdout
+    assert "DDPLITE_RING_SEGMENT_BYTES:" in stdout

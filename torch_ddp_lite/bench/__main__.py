@@ -1,0 +1,119 @@
+"""Command line of the benchmark; see the package docstring (``python -m torch_ddp_lite.bench -h``)."""
+
+import argparse
+import os
+import sys
+
+import torch
+
+from torch_ddp_lite.bench import collectives, ddp
+from torch_ddp_lite.bench.launch import run_ranks
+from torch_ddp_lite.bench.sweep import OPS, parse_size, size_sweep
+
+
+def comma_list(text):
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def common_options():
+    """Options shared by the collectives and the ddp benchmarks."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--backends", type=comma_list, default=None,
+                        help="comma list, the first is compared with the others "
+                             "(default: ddplite,gloo on cpu; ddplite,nccl,gloo on cuda)")
+    parser.add_argument("--world-size", type=int, default=2,
+                        help="ranks to launch (ignored under torchrun or mpirun, which set it)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the tensors live; cuda ranks share the visible GPUs round-robin")
+    parser.add_argument("--algo", default=None,
+                        help="pins ddplite's algorithms by setting DDPLITE_ALGO, e.g. allreduce:ring,broadcast:tree")
+    parser.add_argument("--json", metavar="FILE", help="write the result rows to FILE as JSON")
+    parser.add_argument("--timeout", type=float, default=900, help="process-group timeout in seconds")
+    return parser
+
+
+def collectives_parser(common):
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_ddp_lite.bench", parents=[common],
+        description="Collectives swept over sizes on several backends in one run, nccl-tests style. "
+                    "'python -m torch_ddp_lite.bench ddp -h' describes the DDP training benchmark.")
+    parser.add_argument("--ops", type=comma_list, default=list(OPS), help=f"comma list of: {', '.join(OPS)}")
+    parser.add_argument("--min-bytes", "-b", type=parse_size, default=8, help="smallest size (K/M/G suffixes)")
+    parser.add_argument("--max-bytes", "-e", type=parse_size, default=parse_size("256M"), help="largest size")
+    parser.add_argument("--step-factor", "-f", type=int, default=2, help="multiply the size by this each step")
+    parser.add_argument("--dtype", default="float32", help="torch dtype name (float32, bfloat16, int64, ...)")
+    parser.add_argument("--min-iters", type=int, default=5, help="fewest measured iterations per point and backend")
+    parser.add_argument("--max-iters", type=int, default=1000, help="most measured iterations per point and backend")
+    parser.add_argument("--time-per-point", type=float, default=0.25,
+                        help="seconds of measured iterations per point and backend (within the bounds above)")
+    parser.add_argument("--warmup-iters", type=int, default=5,
+                        help="most warm-up iterations per point and backend (within a quarter of --time-per-point)")
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds the iterations are split into")
+    parser.add_argument("--plot", metavar="FILE.png", help="write busbw and latency against size to FILE.png")
+    return parser
+
+
+def ddp_parser(common):
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_ddp_lite.bench ddp", parents=[common],
+        description="DDP training step time and images/s of the same models and data under each backend.")
+    parser.add_argument("--models", type=comma_list, default=list(ddp.MODELS),
+                        help=f"comma list of: {', '.join(ddp.MODELS)}")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per rank and step")
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per model and backend")
+    parser.add_argument("--warmup-steps", type=int, default=3, help="unmeasured steps first (at least 1)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds the steps are split into")
+    return parser
+
+
+def check_output_folders(parser, options):
+    """Refuses output files in missing folders now, not after the whole measurement."""
+    for path in (options.json, getattr(options, "plot", None)):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            parser.error(f"the folder of {path} does not exist")
+
+
+def check_collectives(parser, options):
+    unknown = [op for op in options.ops if op not in OPS]
+    if unknown:
+        parser.error(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(OPS)}")
+    try:
+        size_sweep(options.min_bytes, options.max_bytes, options.step_factor)
+    except ValueError as error:
+        parser.error(str(error))
+    if not isinstance(getattr(torch, options.dtype, None), torch.dtype):
+        parser.error(f"--dtype {options.dtype} is not a torch dtype")
+    if options.plot and options.ops == ["barrier"]:
+        parser.error("--plot needs an op with a size axis (barrier is a single latency)")
+    if not 1 <= options.min_iters <= options.max_iters or options.rounds < 1 or options.warmup_iters < 1:
+        parser.error("need 1 <= --min-iters <= --max-iters, --rounds >= 1 and --warmup-iters >= 1")
+
+
+def check_ddp(parser, options):
+    unknown = [model for model in options.models if model not in ddp.MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(ddp.MODELS)}")
+    if options.steps < 1 or options.warmup_steps < 1 or options.rounds < 1:
+        parser.error("need --steps, --warmup-steps and --rounds >= 1")
+
+
+def main(argv):
+    common = common_options()
+    if argv[:1] == ["ddp"]:
+        parser = ddp_parser(common)
+        options = parser.parse_args(argv[1:])
+        check_ddp(parser, options)
+        entry = ddp.run
+    else:
+        parser = collectives_parser(common)
+        options = parser.parse_args(argv)
+        check_collectives(parser, options)
+        entry = collectives.run
+    check_output_folders(parser, options)
+    if options.backends is None:
+        options.backends = ["ddplite", "gloo"] if options.device == "cpu" else ["ddplite", "nccl", "gloo"]
+    return run_ranks(entry, options)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

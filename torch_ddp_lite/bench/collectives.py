@@ -1,0 +1,148 @@
+"""The collectives benchmark, run on every rank: each op swept over sizes on every backend.
+
+For one op and size all backends share the same buffers, and their iterations are interleaved in
+rounds (see :func:`torch_ddp_lite.bench.control.interleaved_medians`). Before an op is swept,
+each backend runs it once on the smallest size; if that fails on any rank, the backend is
+reported as not supporting the op and its rows are skipped.
+
+Rank 0 prints the tables as it goes and writes the JSON rows and the plot.
+"""
+
+import datetime
+import os
+import platform
+
+import torch
+import torch.distributed as dist
+
+from torch_ddp_lite.bench import report
+from torch_ddp_lite.bench.control import Plan, interleaved_medians, run_everywhere
+from torch_ddp_lite.bench.launch import is_reporting_rank, measured_groups, rank_device, synchronizer
+from torch_ddp_lite.bench.sweep import bandwidths, format_size, op_shape, size_sweep
+
+IN_PLACE_OPS = ("all_reduce", "broadcast", "barrier")
+
+
+def run(options):
+    """Entry point of every rank (see launch.run_ranks)."""
+    device = rank_device(options.device)
+    dtype = getattr(torch, options.dtype)
+    groups = measured_groups(options.backends)
+    plan = Plan(options.min_iters, options.max_iters, options.time_per_point, options.warmup_iters,
+                options.time_per_point / 4, options.rounds)
+    sizes = size_sweep(options.min_bytes, options.max_bytes, options.step_factor)
+    reporting = is_reporting_rank()
+    if reporting:
+        print(run_header(options, sizes), flush=True)
+    rows = []
+    for op in options.ops:
+        rows += sweep_op(op, sizes, groups, dtype, device, plan, options.backends, reporting)
+    if reporting and options.json:
+        report.write_json(options.json, rows)
+        print(f"# wrote {len(rows)} rows to {options.json}", flush=True)
+    if reporting and options.plot:
+        report.write_plot(options.plot, rows, plot_title(options))
+        print(f"# wrote {options.plot}", flush=True)
+
+
+def sweep_op(op, sizes, groups, dtype, device, plan, backends, reporting):
+    """Rows of one op over all sizes and supporting backends; prints its table on rank 0."""
+    world_size = dist.get_world_size()
+    element_size = torch.empty((), dtype=dtype).element_size()
+    requested = [0] if op == "barrier" else sizes
+    shapes = [shape for shape in (op_shape(op, size, element_size, world_size) for size in requested) if shape]
+    if not shapes:
+        if reporting:
+            print(f"# {op}: no requested size holds {world_size} elements of {dtype}; skipped\n", flush=True)
+        return []
+    supported, notes = probe_backends(op, shapes[0], groups, dtype, device)
+    if reporting:
+        print(report.table_header(op, backends), flush=True)
+    rows = []
+    for shape in shapes:
+        size_rows = measure_size(op, shape, {name: groups[name] for name in supported}, dtype, device, plan)
+        rows += size_rows.values()
+        if reporting and size_rows:
+            print(report.table_line(size_rows, backends), flush=True)
+    if reporting:
+        footer = report.table_footer(rows, notes, backends)
+        print(footer + "\n" if footer else "", flush=True)
+    return rows
+
+
+def probe_backends(op, shape, groups, dtype, device):
+    """(backends that ran `op` on every rank, [(backend, why not)] for the others)."""
+    supported, notes = [], []
+    for backend, group in groups.items():
+        _, failure = run_everywhere(op_call(op, group, *make_buffers(op, shape, dtype, device), synchronizer(device)))
+        if failure is None:
+            supported.append(backend)
+        else:
+            notes.append((backend, failure))
+    return supported, notes
+
+
+def measure_size(op, shape, groups, dtype, device, plan):
+    """{backend: row} for one size."""
+    buffers = make_buffers(op, shape, dtype, device)
+    sync = synchronizer(device)
+    calls = {backend: op_call(op, group, *buffers, sync) for backend, group in groups.items()}
+    medians = interleaved_medians(calls, plan) if calls else {}
+    world_size = dist.get_world_size()
+    dtype_name = str(dtype).removeprefix("torch.")
+    return {
+        backend: report.make_row(op, backend, world_size, device.type, dtype_name, shape, seconds,
+                                 bandwidths(op, shape.nbytes, seconds, world_size))
+        for backend, seconds in medians.items()
+    }
+
+
+def make_buffers(op, shape, dtype, device):
+    """(input, output) of `shape`; one tensor for in-place ops. Written once, so every page is real."""
+    source = torch.empty(shape.input_numel, dtype=dtype, device=device).zero_()
+    if op in IN_PLACE_OPS:
+        return source, source
+    return source, torch.empty(shape.output_numel, dtype=dtype, device=device).zero_()
+
+
+def op_call(op, group, source, target, sync):
+    """A no-argument callable issuing `op` once on `group` and waiting for it (device work included)."""
+    issue = {
+        "all_reduce": lambda: dist.all_reduce(target, group=group),
+        "broadcast": lambda: dist.broadcast(target, src=0, group=group),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(target, source, group=group),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(target, source, group=group),
+        "all_to_all_single": lambda: dist.all_to_all_single(target, source, group=group),
+        "barrier": lambda: dist.barrier(group=group),
+    }[op]
+
+    def run_once():
+        issue()
+        sync()
+
+    return run_once
+
+
+def run_header(options, sizes):
+    """The lines above the tables: what ran, where, when, and how time is measured."""
+    algo = os.environ.get("DDPLITE_ALGO") or "default (DDPLITE_ALGO unset)"
+    knobs = " ".join(f"{name}={value}" for name, value in sorted(os.environ.items())
+                     if name.startswith("DDPLITE_") and name != "DDPLITE_ALGO")
+    return "\n".join([
+        f"# torch_ddp_lite.bench  {datetime.datetime.now().isoformat(timespec='seconds')}  "
+        f"host {platform.node()} ({os.cpu_count()} CPUs)  torch {torch.__version__}",
+        f"# world_size {dist.get_world_size()}  device {options.device}  dtype {options.dtype}  "
+        f"backends {','.join(options.backends)}  threads/rank {torch.get_num_threads()}",
+        f"# ddplite algo: {algo}" + (f"  {knobs}" if knobs else ""),
+        f"# sizes {format_size(sizes[0])} .. {format_size(sizes[-1])} (x{options.step_factor});"
+        f" per point and backend: {options.min_iters}..{options.max_iters} iterations within"
+        f" {options.time_per_point} s, {options.rounds} interleaved rounds, up to {options.warmup_iters} warm-up",
+        "# time: median over iterations of the slowest rank's per-iteration wall time;"
+        " algbw = size/time, busbw = algbw * nccl-tests factor, GB/s = 1e9 B/s",
+        "",
+    ])
+
+
+def plot_title(options):
+    return (f"{','.join(options.backends)}: world size {dist.get_world_size()}, {options.device}, {options.dtype}"
+            f" ({datetime.date.today().isoformat()})")

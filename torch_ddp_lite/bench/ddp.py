@@ -1,0 +1,121 @@
+"""The DDP benchmark, run on every rank: training step time and images/s per backend.
+
+Two models, the same weights and the same data under every backend:
+
+* ``mlp``: a communication-heavy MLP (3x32x32 -> 4096 -> 2048 -> 2048 -> 10, about 25.2M
+  parameters, so about 100 MB of float32 gradients per step) with little compute per step;
+* ``resnet18``: torchvision's ResNet-18 with 10 classes on CIFAR-sized 32x32 images (11.2M
+  parameters).
+
+Each backend trains its own replica (DistributedDataParallel on that backend's group, SGD with
+momentum) on a fixed synthetic batch per rank; the backends' steps are interleaved in rounds
+after the warm-up steps. A step is forward, backward (with DDP's bucketed gradient allreduce
+overlapping it) and the optimizer step. Reported: the median step time of the slowest rank, and
+images/s = batch per rank x world size / step time, and the first backend's step time over each
+other's (below 1: the first is faster). ``--json FILE`` writes rows with the keys of
+:data:`ROW_KEYS`.
+"""
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from torch_ddp_lite.bench import report
+from torch_ddp_lite.bench.control import Plan, interleaved_medians, run_everywhere
+from torch_ddp_lite.bench.launch import is_reporting_rank, measured_groups, rank_device, synchronizer
+
+MODELS = ("mlp", "resnet18")
+ROW_KEYS = ("model", "backend", "world_size", "device", "params", "batch_per_rank", "step_ms", "images_per_s")
+MLP_WIDTHS = (3 * 32 * 32, 4096, 2048, 2048)
+
+
+def communication_heavy_mlp():
+    layers = [nn.Flatten()]
+    for width_in, width_out in zip(MLP_WIDTHS, MLP_WIDTHS[1:]):
+        layers += [nn.Linear(width_in, width_out), nn.ReLU()]
+    layers.append(nn.Linear(MLP_WIDTHS[-1], 10))
+    return nn.Sequential(*layers)
+
+
+def build_model(name):
+    if name == "mlp":
+        return communication_heavy_mlp()
+    from torchvision.models import resnet18
+
+    return resnet18(num_classes=10)
+
+
+def run(options):
+    """Entry point of every rank (see launch.run_ranks)."""
+    device = rank_device(options.device)
+    groups = measured_groups(options.backends)
+    plan = Plan(options.steps, options.steps, float("inf"), options.warmup_steps, float("inf"), options.rounds)
+    reporting = is_reporting_rank()
+    if reporting:
+        print(f"# torch_ddp_lite.bench ddp  world_size {dist.get_world_size()}  device {options.device}  "
+              f"batch {options.batch_size}/rank  {options.steps} steps after {options.warmup_steps} warm-up, "
+              f"{options.rounds} interleaved rounds  threads/rank {torch.get_num_threads()}  torch {torch.__version__}",
+              flush=True)
+        print(f"#{'model':>9}{'params':>10}{'backend':>10}{'step (ms)':>11}{'images/s':>10}"
+              f"{options.backends[0] + '/this':>14}", flush=True)
+    rows = []
+    for name in options.models:
+        rows += bench_model(name, groups, device, plan, options.batch_size, reporting)
+    if reporting and options.json:
+        report.write_json(options.json, rows)
+        print(f"# wrote {len(rows)} rows to {options.json}", flush=True)
+
+
+def bench_model(name, groups, device, plan, batch_size, reporting):
+    """Rows for one model, one per backend that could train it; prints them on rank 0."""
+    torch.manual_seed(0)
+    reference = build_model(name)
+    params = sum(p.numel() for p in reference.parameters())
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    images = torch.randn(batch_size, 3, 32, 32, generator=generator).to(device)
+    labels = torch.randint(0, 10, (batch_size,), generator=generator).to(device)
+    sync = synchronizer(device)
+    steps, notes = {}, []
+    for backend, group in groups.items():
+        step, failure = run_everywhere(lambda: make_step(reference, group, device, images, labels, sync))
+        if failure is None:
+            steps[backend] = step
+        else:
+            notes.append((backend, failure))
+    medians = interleaved_medians(steps, plan) if steps else {}
+    world_size = dist.get_world_size()
+    rows = [dict(zip(ROW_KEYS, (name, backend, world_size, device.type, params, batch_size, seconds * 1e3,
+                                batch_size * world_size / seconds)))
+            for backend, seconds in medians.items()]
+    if reporting:
+        print_model_rows(rows, notes, next(iter(groups)))
+    return rows
+
+
+def make_step(reference, group, device, images, labels, sync):
+    """A no-argument training step of a fresh replica of `reference`, wrapped in DDP on `group`."""
+    model = DistributedDataParallel(copy.deepcopy(reference).to(device), process_group=group)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        optimizer.zero_grad(set_to_none=False)
+        F.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+        sync()
+
+    return step
+
+
+def print_model_rows(rows, notes, first_backend):
+    """One line per backend; the last column is the first backend's step time over this one's."""
+    first = next((row for row in rows if row["backend"] == first_backend), None)
+    for row in rows:
+        ratio = f"{first['step_ms'] / row['step_ms']:.2f}" if first and row is not first else ""
+        print(f" {row['model']:>9}{row['params'] / 1e6:>9.1f}M{row['backend']:>10}{row['step_ms']:>11.1f}"
+              f"{row['images_per_s']:>10.0f}{ratio:>14}", flush=True)
+    for backend, reason in notes:
+        print(f"# {backend}: not measured, unsupported here ({reason})", flush=True)

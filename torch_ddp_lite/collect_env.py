@@ -1,0 +1,190 @@
+"""What to paste into a bug report or next to a benchmark: versions, build, machine, ddplite's options.
+
+    python -m torch_ddp_lite.collect_env
+
+Prints one ``key: value`` line per fact, in sections: torch, CUDA and NCCL (what torch links and
+what ``libnccl.so.2`` reports when loaded), MPI, compilers, the machine, and ddplite (its build,
+transports, algorithms and ``DDPLITE_*`` settings). A probe that fails prints why instead of
+stopping the report.
+"""
+
+import ctypes
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+import torch
+
+import torch_ddp_lite
+
+# What the CPU path offers today; mirrors csrc/cpu/algorithms/selector.cpp until the extension
+# reports it itself.
+TRANSPORTS = ("tcp",)
+CPU_ALGORITHMS = {
+    "allreduce": ("ring",),
+    "broadcast": ("tree",),
+    "reduce": ("tree",),
+    "allgather": ("ring",),
+    "barrier": ("dissemination",),
+}
+_SETTINGS_SHOWN = ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT")
+
+
+def command_first_line(*command):
+    """First line of a command's output, or why there is none."""
+    if shutil.which(command[0]) is None:
+        return "not found"
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"failed ({error})"
+    lines = (result.stdout or result.stderr).strip().splitlines()
+    return lines[0] if lines else f"no output (exit code {result.returncode})"
+
+
+def torch_section():
+    return {
+        "torch": torch.__version__,
+        "torch git": torch.version.git_version,
+        "torch debug build": torch.version.debug,
+        "torch CXX11 ABI": torch._C._GLIBCXX_USE_CXX11_ABI,
+        "torch compiler": torch_build_line("GCC") or torch_build_line("clang") or "unknown",
+        "torch CPU capability": torch.backends.cpu.get_cpu_capability(),
+        "torch.distributed backends": ", ".join(name for name, available in (
+            ("gloo", torch.distributed.is_gloo_available()), ("nccl", torch.distributed.is_nccl_available()),
+            ("mpi", torch.distributed.is_mpi_available())) if available),
+    }
+
+
+def torch_build_line(word):
+    """The line of torch.__config__.show() that starts with `word` (e.g. the compiler), if any."""
+    for line in torch.__config__.show().splitlines():
+        if line.strip(" -").startswith(word):
+            return line.strip(" -")
+    return None
+
+
+def cuda_section():
+    available = torch.cuda.is_available()
+    section = {
+        "CUDA available": available,
+        "torch built with CUDA": torch.version.cuda or "no",
+        "cuDNN": torch.backends.cudnn.version() if available else "n/a",
+    }
+    if available:
+        for index in range(torch.cuda.device_count()):
+            section[f"GPU {index}"] = torch.cuda.get_device_name(index)
+    return section
+
+
+def nccl_section():
+    return {
+        "NCCL used by torch": torch_nccl_version(),
+        "libnccl.so.2 loaded": loaded_nccl_version(),
+        "ddplite NCCL": "not compiled in (ddplite's CUDA path is not implemented yet)",
+    }
+
+
+def torch_nccl_version():
+    try:
+        return ".".join(str(part) for part in torch.cuda.nccl.version())
+    except Exception as error:  # noqa: BLE001 - a CPU-only torch has no NCCL
+        return f"none ({error})"
+
+
+def loaded_nccl_version():
+    """ncclGetVersion() of the libnccl.so.2 the dynamic loader finds (torch's, when it has one)."""
+    try:
+        library = ctypes.CDLL("libnccl.so.2")
+    except OSError as error:
+        return f"not loadable ({error})"
+    code = ctypes.c_int()
+    if library.ncclGetVersion(ctypes.byref(code)) != 0:
+        return "ncclGetVersion failed"
+    major, rest = divmod(code.value, 10000)
+    minor, patch = divmod(rest, 100)
+    return f"{major}.{minor}.{patch} (code {code.value})"
+
+
+def mpi_section():
+    try:
+        from mpi4py import MPI
+
+        mpi4py_text = MPI.Get_library_version().strip().splitlines()[0]
+    except ImportError:
+        mpi4py_text = "not installed"
+    return {"mpirun": command_first_line("mpirun", "--version"), "mpi4py": mpi4py_text}
+
+
+def compiler_section():
+    return {"gcc": command_first_line("gcc", "--version"), "c++": command_first_line("c++", "--version")}
+
+
+def machine_section():
+    return {
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "CPU": cpu_model(),
+        "CPUs (os.cpu_count)": os.cpu_count(),
+        "CPUs usable by this process": len(os.sched_getaffinity(0)),
+        "torch threads": torch.get_num_threads(),
+    }
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def ddplite_section():
+    section = {
+        "torch_ddp_lite": torch_ddp_lite.__version__,
+        "extension": torch_ddp_lite._load_extension().__file__,
+        "extension built against torch": torch_ddp_lite.built_torch_version(),
+        "extension build flags": "not recorded in the binary (see setup.py)",
+        "transports": ", ".join(TRANSPORTS),
+        "CPU algorithms": "; ".join(f"{op}: {', '.join(names)}" for op, names in CPU_ALGORITHMS.items()),
+        "CUDA": "not implemented yet (CUDA tensors raise NotImplementedError)",
+    }
+    for name, default, _ in torch_ddp_lite.env_knobs():
+        section[name] = f"{os.environ[name]} (set)" if name in os.environ else f"{default or 'unset'} (default)"
+    for name in sorted(set(os.environ) - set(section)):
+        if name.startswith("DDPLITE_"):
+            section[name] = f"{os.environ[name]} (set)"
+    for name in _SETTINGS_SHOWN:
+        section[name] = os.environ.get(name, "unset")
+    return section
+
+
+def collect():
+    """{section title: {key: value}}."""
+    return {
+        "torch": torch_section(),
+        "CUDA": cuda_section(),
+        "NCCL": nccl_section(),
+        "MPI": mpi_section(),
+        "compilers": compiler_section(),
+        "machine": machine_section(),
+        "ddplite": ddplite_section(),
+    }
+
+
+def render(report):
+    lines = []
+    for title, section in report.items():
+        lines.append(f"## {title}")
+        lines += [f"{key}: {value}" for key, value in section.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render(collect()), end="")
