@@ -19,16 +19,7 @@ import torch
 
 import torch_ddp_lite
 
-# What the CPU path offers today; mirrors csrc/cpu/algorithms/selector.cpp until the extension
-# reports it itself.
 TRANSPORTS = ("tcp",)
-CPU_ALGORITHMS = {
-    "allreduce": ("ring",),
-    "broadcast": ("tree",),
-    "reduce": ("tree",),
-    "allgather": ("ring",),
-    "barrier": ("dissemination",),
-}
 _SETTINGS_SHOWN = ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -151,7 +142,9 @@ def ddplite_section():
         "extension built against torch": torch_ddp_lite.built_torch_version(),
         "extension build flags": "not recorded in the binary (see setup.py)",
         "transports": ", ".join(TRANSPORTS),
-        "CPU algorithms": "; ".join(f"{op}: {', '.join(names)}" for op, names in CPU_ALGORITHMS.items()),
+        "CPU algorithms": "; ".join(f"{op}: {', '.join(names)}"
+                                    for op, names in torch_ddp_lite.available_algorithms().items()),
+        "CPU algorithm pins": ", ".join(f"{op}:{name}" for op, name in torch_ddp_lite.get_algorithms().items()),
         "CUDA": "not implemented yet (CUDA tensors raise NotImplementedError)",
     }
     for name, default, _ in torch_ddp_lite.env_knobs():
