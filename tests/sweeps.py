@@ -173,6 +173,15 @@ def sweep_reduce_scatter(rank, world_size, counts, dtypes=None):
                 listed = torch.zeros(count, dtype=dtype)
                 dist.reduce_scatter(listed, [b.clone() for b in blocks], op=torch_op(op))
                 check_all(sweep, label + " (list)", listed, expected, reference, compare_op(op))
+                pair = [torch.zeros(count, dtype=dtype), torch.zeros(count, dtype=dtype)]
+                with dist._coalescing_manager(async_ops=True) as manager:
+                    dist.reduce_scatter_tensor(pair[0], torch.cat(blocks), op=torch_op(op))
+                    dist.reduce_scatter_tensor(pair[1], torch.cat(blocks[::-1]), op=torch_op(op))
+                manager.wait()
+                sweep.check(label + " (coalesced #0)", pair[0], expected, compare_op(op))
+                mirrored = [make_input(r + world_size - 1 - rank, count, dtype, input_op(op)) for r in range(world_size)]
+                sweep.check(label + " (coalesced #1)", pair[1], reduced(mirrored, dtype, op, world_size),
+                            compare_op(op))
     return sweep.result()
 
 
