@@ -1,11 +1,11 @@
-"""Data-parallel training on CPU with stock DistributedDataParallel, through ddplite.
+"""The minimal example: data-parallel training on CPU with stock DistributedDataParallel, through ddplite.
 
     torchrun --nproc-per-node 2 examples/train_ddp_cpu.py
 
 The only ddplite-specific thing is the backend name (``--backend gloo`` runs the same script on
 gloo for comparison). The data is a synthetic CIFAR-shaped classification problem (class-dependent
-patterns plus noise) generated in memory, so nothing is downloaded; the CIFAR-10 ResNet example
-(examples/train_cifar10.py, coming with its own issue) reads the real format.
+patterns plus noise) generated in memory, so nothing is downloaded. The main job,
+examples/train_cifar10.py, trains a ResNet on data in the CIFAR-10 file format, with checkpoints.
 """
 
 import argparse

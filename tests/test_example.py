@@ -1,4 +1,6 @@
-"""The README's main job: 2-rank DDP training through ddplite, launched by torchrun (env://)."""
+"""The README's commands: ``bash scripts/train.sh`` (the main job, examples/train_cifar10.py; its
+full runs are in tests/test_cifar10.py) and the minimal example, examples/train_ddp_cpu.py, under
+torchrun (env://)."""
 
 import os
 import subprocess
@@ -7,8 +9,23 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def test_train_sh_runs_the_cifar10_example_and_passes_arguments_through(tmp_path):
+    # Arguments after train.sh's own override them: one short epoch, everything in tmp_path.
+    command = ["bash", os.path.join(REPO, "scripts", "train.sh"), "--epochs", "1", "--limit-train-batches", "3",
+               "--limit-eval-batches", "2", "--data-dir", str(tmp_path / "no-cifar10-here"),
+               "--synthetic-dir", str(tmp_path / "generated"), "--checkpoint-dir", str(tmp_path),
+               "--out-dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO,
+                            env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stdout + result.stderr[-5000:]
+    summary = [line for line in result.stdout.splitlines() if line.startswith("done:")]
+    assert summary, result.stdout
+    assert "backend=ddplite world_size=2 device=cpu arch=resnet9 data=generated epochs=1" in summary[0], summary
+    assert (tmp_path / "checkpoint.pt").exists() and (tmp_path / "metrics.png").exists()
+
+
 def test_torchrun_two_rank_training():
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                os.path.join(REPO, "examples", "train_ddp_cpu.py"), "--epochs", "3"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
