@@ -62,13 +62,13 @@ const Entry& byName(const CollectiveTable& table, const char* name) {
 // The automatic rule. Thresholds come from the sweeps in docs/algorithms.md (2-core machine,
 // 2-5 ranks over loopback TCP): latency-bound sizes take the algorithms with the fewest
 // message rounds, bandwidth-bound sizes the ones that move the fewest bytes per rank.
-const char* automaticChoice(Collective collective, size_t bytes, int worldSize) {
+const char* automaticChoice(Collective collective, size_t bytes, int /*worldSize*/) {
   constexpr size_t kSmall = 64 * 1024;
   switch (collective) {
     case Collective::kAllreduce:
       return bytes <= kSmall ? "butterfly" : "ring";
     case Collective::kBroadcast:
-      return (bytes <= 256 * 1024 || worldSize <= 3) ? "tree" : "ring";
+      return bytes <= 256 * 1024 ? "tree" : "ring";
     case Collective::kReduce:
       return "tree";
     case Collective::kAllgather:
