@@ -22,16 +22,17 @@ def sources():
     return sorted(found) + [os.path.join("csrc", "bindings.cpp")]
 
 
+OPTIMISATION_FLAGS = ["-O3", "-Wall", "-Wno-unused-parameter"]
+
 extension = CppExtension(
     name="torch_ddp_lite._C",
     sources=sources(),
     include_dirs=[CSRC],
     extra_compile_args={
-        "cxx": [
-            "-O3",
-            "-Wall",
-            "-Wno-unused-parameter",
+        "cxx": OPTIMISATION_FLAGS + [
             f'-DDDPLITE_TORCH_VERSION="{torch.__version__}"',
+            # Recorded in the binary for collect_env (torch adds its own flags around these).
+            f'-DDDPLITE_BUILD_FLAGS="{" ".join(OPTIMISATION_FLAGS)}"',
         ]
     },
 )

@@ -10,6 +10,9 @@
 #ifndef DDPLITE_TORCH_VERSION
 #error "setup.py defines DDPLITE_TORCH_VERSION as the torch version the extension is built against"
 #endif
+#ifndef DDPLITE_BUILD_FLAGS
+#define DDPLITE_BUILD_FLAGS "unknown (not built by setup.py)"
+#endif
 
 namespace py = pybind11;
 
@@ -25,6 +28,14 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("built_torch_version", [] { return std::string(DDPLITE_TORCH_VERSION); },
         "The torch version this extension was compiled against.");
+  m.def(
+      "build_info",
+      [] {
+        return py::dict(py::arg("compiler") = std::string(__VERSION__),
+                        py::arg("flags") = std::string(DDPLITE_BUILD_FLAGS),
+                        py::arg("cplusplus") = static_cast<long>(__cplusplus));
+      },
+      "The compiler, the flags setup.py added and the C++ standard the extension was built with.");
 
   m.def(
       "env_knobs",

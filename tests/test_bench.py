@@ -208,3 +208,5 @@ def test_collect_env_names_versions_and_transports():
     assert f"torch: {torch.__version__}\n" in stdout
     assert "transports: tcp\n" in stdout
     assert "DDPLITE_RING_SEGMENT_BYTES:" in stdout
+    assert "extension build flags: -O3 -Wall -Wno-unused-parameter\n" in stdout
+    assert "CPU algorithms: allreduce: naive, ring, butterfly, halving_doubling;" in stdout

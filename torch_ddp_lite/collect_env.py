@@ -136,11 +136,13 @@ def cpu_model():
 
 
 def ddplite_section():
+    build = torch_ddp_lite._load_extension().build_info()
     section = {
         "torch_ddp_lite": torch_ddp_lite.__version__,
         "extension": torch_ddp_lite._load_extension().__file__,
         "extension built against torch": torch_ddp_lite.built_torch_version(),
-        "extension build flags": "not recorded in the binary (see setup.py)",
+        "extension compiler": f"{build['compiler']} (C++ standard {build['cplusplus']})",
+        "extension build flags": build["flags"],
         "transports": ", ".join(TRANSPORTS),
         "CPU algorithms": "; ".join(f"{op}: {', '.join(names)}"
                                     for op, names in torch_ddp_lite.available_algorithms().items()),
