@@ -286,17 +286,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allgather_into_tensor_coalesced(s
                                                                                std::vector<at::Tensor>& inputs,
                                                                                const c10d::AllgatherOptions& opts) {
   const OpContext ctx = nextContext("allgather_into_tensor_coalesced");
-  validation::checkNonEmptyList(ctx, inputs, "input");
-  validation::checkNonEmptyList(ctx, outputs, "output");
-  if (outputs.size() != inputs.size()) {
-    throwValueError(ctx, strCat(outputs.size(), " outputs for ", inputs.size(), " inputs"), "pass one output per input");
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (outputs[i].scalar_type() != inputs[i].scalar_type() || outputs[i].numel() != inputs[i].numel() * size_) {
-      throwValueError(ctx, strCat("output ", i, " must have input ", i, "'s dtype and ", size_, " x its elements"),
-                      "allocate each output as torch.empty(world_size * input.numel(), dtype=input.dtype)");
-    }
-  }
+  validation::checkCoalescedPairs(ctx, inputs, outputs, /*inputScale=*/size_, /*outputScale=*/1);
   dispatchDevice(ctx, inputs.front());
   return enqueue(ctx, OpType::COALESCED, outputs, resolveTimeout(opts.timeout),
                  [inputs, outputs](const cpu::CpuContext& cpu) mutable {
@@ -352,18 +342,8 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce_scatter_tensor_coalesced(s
                                                                                std::vector<at::Tensor>& inputs,
                                                                                const c10d::ReduceScatterOptions& opts) {
   const OpContext ctx = nextContext("reduce_scatter_tensor_coalesced");
-  validation::checkNonEmptyList(ctx, inputs, "input");
-  validation::checkNonEmptyList(ctx, outputs, "output");
-  if (outputs.size() != inputs.size()) {
-    throwValueError(ctx, strCat(outputs.size(), " outputs for ", inputs.size(), " inputs"), "pass one output per input");
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (outputs[i].scalar_type() != inputs[i].scalar_type() || inputs[i].numel() != outputs[i].numel() * size_) {
-      throwValueError(ctx, strCat("input ", i, " must have output ", i, "'s dtype and ", size_, " x its elements"),
-                      "allocate each output as torch.empty(input.numel() // world_size, dtype=input.dtype)");
-    }
-    validation::checkReduceOp(ctx, outputs[i], opts.reduceOp);
-  }
+  validation::checkCoalescedPairs(ctx, inputs, outputs, /*inputScale=*/1, /*outputScale=*/size_);
+  for (const auto& output : outputs) validation::checkReduceOp(ctx, output, opts.reduceOp);
   dispatchDevice(ctx, inputs.front());
   const c10d::ReduceOp op = opts.reduceOp;
   return enqueue(ctx, OpType::COALESCED, outputs, resolveTimeout(opts.timeout),
@@ -378,19 +358,8 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::gather(std::vector<std::vector<at
   at::Tensor input = validation::singleTensor(ctx, inputs, "gather input");
   validation::checkRoot(ctx, opts.rootRank);
   const int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> targets;
-  if (rank_ == root) {
-    if (outputs.size() != 1) {
-      throwValueError(ctx, strCat("the root expects one gather list, got ", outputs.size()),
-                      "pass gather_list with one tensor per rank on the destination rank");
-    }
-    validation::checkList(ctx, outputs[0], size_, input, "gather output",
-                          "gather_list on the destination needs one tensor per rank, each like the input");
-    targets = outputs[0];
-  } else if (!outputs.empty() && !outputs[0].empty()) {
-    throwValueError(ctx, "a non-destination rank passed a gather list",
-                    "pass gather_list only on the destination rank (None elsewhere)");
-  }
+  std::vector<at::Tensor> targets =
+      validation::rootOnlyList(ctx, outputs, rank_ == root, input, "gather_list", "destination");
   dispatchDevice(ctx, input);
   return enqueue(ctx, OpType::GATHER, targets, resolveTimeout(opts.timeout),
                  [input, targets, root](const cpu::CpuContext& cpu) mutable { cpu::gather(cpu, input, targets, root); });
@@ -403,19 +372,8 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::scatter(std::vector<at::Tensor>& 
   at::Tensor output = validation::singleTensor(ctx, outputs, "scatter output");
   validation::checkRoot(ctx, opts.rootRank);
   const int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> sources;
-  if (rank_ == root) {
-    if (inputs.size() != 1) {
-      throwValueError(ctx, strCat("the root expects one scatter list, got ", inputs.size()),
-                      "pass scatter_list with one tensor per rank on the source rank");
-    }
-    validation::checkList(ctx, inputs[0], size_, output, "scatter input",
-                          "scatter_list on the source needs one tensor per rank, each like the output");
-    sources = inputs[0];
-  } else if (!inputs.empty() && !inputs[0].empty()) {
-    throwValueError(ctx, "a non-source rank passed a scatter list",
-                    "pass scatter_list only on the source rank (None elsewhere)");
-  }
+  std::vector<at::Tensor> sources =
+      validation::rootOnlyList(ctx, inputs, rank_ == root, output, "scatter_list", "source");
   dispatchDevice(ctx, output);
   return enqueue(ctx, OpType::SCATTER, {output}, resolveTimeout(opts.timeout),
                  [sources, output, root](const cpu::CpuContext& cpu) mutable { cpu::scatter(cpu, sources, output, root); });

@@ -2,6 +2,8 @@
 
 #include "cpu/reduce_kernels.hpp"
 
+#include <algorithm>
+
 namespace ddplite::validation {
 
 const at::Tensor& singleTensor(const OpContext& ctx, const std::vector<at::Tensor>& tensors, const char* what) {
@@ -113,6 +115,45 @@ void checkPeer(const OpContext& ctx, int peer, const char* direction) {
     throwValueError(ctx, strCat("cannot ", direction, " rank ", peer, ": it must be another rank of this group [0, ",
                                 ctx.size, ")"),
                     "pass the peer's rank (torch.distributed translates global ranks for subgroups)");
+  }
+}
+
+std::vector<at::Tensor> rootOnlyList(const OpContext& ctx, const std::vector<std::vector<at::Tensor>>& lists,
+                                     bool isRoot, const at::Tensor& reference, const char* name, const char* role) {
+  if (!isRoot) {
+    if (!lists.empty() && !lists[0].empty()) {
+      throwValueError(ctx, strCat("a non-", role, " rank passed a ", name),
+                      strCat("pass ", name, " only on the ", role, " rank (None elsewhere)"));
+    }
+    return {};
+  }
+  if (lists.size() != 1) {
+    throwValueError(ctx, strCat("the ", role, " expects one ", name, ", got ", lists.size()),
+                    strCat("pass ", name, " with one tensor per rank on the ", role, " rank"));
+  }
+  checkList(ctx, lists[0], ctx.size, reference, name,
+            strCat(name, " on the ", role, " needs one tensor per rank, each like the rank's own tensor").c_str());
+  return lists[0];
+}
+
+void checkCoalescedPairs(const OpContext& ctx, const std::vector<at::Tensor>& inputs,
+                         const std::vector<at::Tensor>& outputs, int64_t inputScale, int64_t outputScale) {
+  checkNonEmptyList(ctx, inputs, "input");
+  checkNonEmptyList(ctx, outputs, "output");
+  if (outputs.size() != inputs.size()) {
+    throwValueError(ctx, strCat(outputs.size(), " outputs for ", inputs.size(), " inputs"), "pass one output per input");
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
+        inputs[i].numel() * inputScale != outputs[i].numel() * outputScale) {
+      throwValueError(ctx,
+                      strCat("pair ", i, ": input (", inputs[i].scalar_type(), ", ", inputs[i].numel(),
+                             " elements) and output (", outputs[i].scalar_type(), ", ", outputs[i].numel(),
+                             " elements) need one dtype and a ", std::max(inputScale, outputScale),
+                             "x size ratio (the world size)"),
+                      "allocate each output with the input's dtype and the collective's size (see "
+                      "all_gather_into_tensor / reduce_scatter_tensor)");
+    }
   }
 }
 

@@ -31,6 +31,16 @@ void checkSameDevice(const OpContext& ctx, const std::vector<at::Tensor>& tensor
 void checkList(const OpContext& ctx, const std::vector<at::Tensor>& tensors, size_t count, const at::Tensor& reference,
                const char* what, const char* hint);
 
+// gather_list / scatter_list: on the root exactly one list of P tensors like `reference`
+// (returned); elsewhere none (an empty list is returned).
+std::vector<at::Tensor> rootOnlyList(const OpContext& ctx, const std::vector<std::vector<at::Tensor>>& lists,
+                                     bool isRoot, const at::Tensor& reference, const char* name, const char* role);
+
+// Coalesced allgather / reduce-scatter: non-empty, equally long lists where input i and output i
+// share a dtype and inputScale * inputs[i].numel() == outputScale * outputs[i].numel().
+void checkCoalescedPairs(const OpContext& ctx, const std::vector<at::Tensor>& inputs,
+                         const std::vector<at::Tensor>& outputs, int64_t inputScale, int64_t outputScale);
+
 // A non-empty list of valid tensors (coalesced collectives).
 void checkNonEmptyList(const OpContext& ctx, const std::vector<at::Tensor>& tensors, const char* what);
 

@@ -123,6 +123,13 @@ struct Fold {
   int firstRank(int v) const { return v < extra ? 2 * v : v + extra; }  // firstRank(p2) == P
 };
 
+// Allreduce over any P with a power-of-two core: an even rank r < 2*extra sends its buffer to
+// r+1 and receives the result from it; r+1 reduces that buffer into its own, runs
+// `core(args, fold, incoming)` with the other participants, and sends the result back to r.
+// `incoming` is scratch for the whole buffer.
+using FoldedCore = void (*)(const AlgorithmArgs& args, const Fold& fold, char* incoming);
+void foldedAllreduce(const AlgorithmArgs& args, FoldedCore core);
+
 // The butterfly halves and doubles over participants; offsets[v] (v = 0 .. p2, offsets[p2] =
 // the end) is the byte offset where participant v's range of `data` begins.
 //

@@ -27,6 +27,31 @@ Fold Fold::of(int rank, int size) {
   return fold;
 }
 
+void foldedAllreduce(const AlgorithmArgs& args, FoldedCore core) {
+  Transport& transport = args.transport;
+  const int rank = transport.rank();
+  const size_t bytes = args.count * args.elementSize;
+  if (transport.size() == 1 || bytes == 0) {
+    return;
+  }
+  const Fold fold = Fold::of(rank, transport.size());
+  if (fold.participant < 0) {
+    transport.send(rank + 1, args.data, bytes, args.deadline);
+    transport.recv(rank + 1, args.data, bytes, args.deadline);
+    return;
+  }
+  char* incoming = args.scratch.get(bytes);
+  const bool foldedPair = rank < 2 * fold.extra;
+  if (foldedPair) {
+    transport.recv(rank - 1, incoming, bytes, args.deadline);
+    args.reduce(args.data, incoming, args.count);
+  }
+  core(args, fold, incoming);
+  if (foldedPair) {
+    transport.send(rank - 1, args.data, bytes, args.deadline);
+  }
+}
+
 void halvingReduceScatter(const AlgorithmArgs& args, const Fold& fold, const std::vector<size_t>& offsets,
                           char* incoming) {
   const int me = fold.participant;

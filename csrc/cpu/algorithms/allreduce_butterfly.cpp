@@ -15,33 +15,21 @@
 
 namespace ddplite::cpu {
 
-void allreduceButterfly(const AlgorithmArgs& args) {
-  Transport& transport = args.transport;
-  const int rank = transport.rank();
+namespace {
+
+void recursiveDoubling(const AlgorithmArgs& args, const Fold& fold, char* incoming) {
   const size_t bytes = args.count * args.elementSize;
-  if (transport.size() == 1 || bytes == 0) {
-    return;
-  }
-  const Fold fold = Fold::of(rank, transport.size());
-  if (fold.participant < 0) {
-    transport.send(rank + 1, args.data, bytes, args.deadline);
-    transport.recv(rank + 1, args.data, bytes, args.deadline);
-    return;
-  }
-  char* incoming = args.scratch.get(bytes);
-  const bool foldedPair = rank < 2 * fold.extra;
-  if (foldedPair) {
-    transport.recv(rank - 1, incoming, bytes, args.deadline);
-    args.reduce(args.data, incoming, args.count);
-  }
   for (int distance = 1; distance < fold.p2; distance *= 2) {
     const int partner = fold.realRank(fold.participant ^ distance);
-    transport.sendRecv(partner, args.data, bytes, partner, incoming, bytes, args.deadline);
+    args.transport.sendRecv(partner, args.data, bytes, partner, incoming, bytes, args.deadline);
     args.reduce(args.data, incoming, args.count);
   }
-  if (foldedPair) {
-    transport.send(rank - 1, args.data, bytes, args.deadline);
-  }
+}
+
+}  // namespace
+
+void allreduceButterfly(const AlgorithmArgs& args) {
+  foldedAllreduce(args, &recursiveDoubling);
 }
 
 }  // namespace ddplite::cpu

@@ -15,32 +15,19 @@
 
 namespace ddplite::cpu {
 
-void allreduceHalvingDoubling(const AlgorithmArgs& args) {
-  Transport& transport = args.transport;
-  const int rank = transport.rank();
-  const size_t bytes = args.count * args.elementSize;
-  if (transport.size() == 1 || bytes == 0) {
-    return;
-  }
-  const Fold fold = Fold::of(rank, transport.size());
-  if (fold.participant < 0) {
-    transport.send(rank + 1, args.data, bytes, args.deadline);
-    transport.recv(rank + 1, args.data, bytes, args.deadline);
-    return;
-  }
-  char* incoming = args.scratch.get(bytes);
-  const bool foldedPair = rank < 2 * fold.extra;
-  if (foldedPair) {
-    transport.recv(rank - 1, incoming, bytes, args.deadline);
-    args.reduce(args.data, incoming, args.count);
-  }
+namespace {
+
+void halvingThenDoubling(const AlgorithmArgs& args, const Fold& fold, char* incoming) {
   std::vector<size_t> offsets(fold.p2 + 1);
   for (int v = 0; v <= fold.p2; ++v) offsets[v] = partBegin(args.count, fold.p2, v) * args.elementSize;
   halvingReduceScatter(args, fold, offsets, incoming);
   doublingAllgather(args, fold, offsets);
-  if (foldedPair) {
-    transport.send(rank - 1, args.data, bytes, args.deadline);
-  }
+}
+
+}  // namespace
+
+void allreduceHalvingDoubling(const AlgorithmArgs& args) {
+  foldedAllreduce(args, &halvingThenDoubling);
 }
 
 }  // namespace ddplite::cpu

@@ -4,6 +4,7 @@
 #include "common/errors.hpp"
 
 #include <array>
+#include <atomic>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -48,9 +49,11 @@ const CollectiveTable& tableOf(Collective collective) {
   return tables()[static_cast<size_t>(collective)];
 }
 
-// Pinned algorithm index per collective; -1 = automatic.
+// Pinned algorithm index per collective; -1 = automatic. Read on every collective without a
+// lock; pinsMutex only serialises writers, so one setAlgorithmPins call is applied as a whole.
+constexpr size_t kCollectives = 6;
 std::mutex pinsMutex;
-std::array<int, 6> pins = {-1, -1, -1, -1, -1, -1};
+std::array<std::atomic<int>, kCollectives> pins = {-1, -1, -1, -1, -1, -1};
 
 const Entry& byName(const CollectiveTable& table, const char* name) {
   for (const Entry& entry : table.algorithms) {
@@ -107,21 +110,15 @@ std::string choicesText() {
 
 Selection selectAlgorithm(Collective collective, size_t bytes, int worldSize) {
   const CollectiveTable& table = tableOf(collective);
-  int pinned;
-  {
-    std::lock_guard<std::mutex> lock(pinsMutex);
-    pinned = pins[static_cast<size_t>(collective)];
-  }
+  const int pinned = pins[static_cast<size_t>(collective)].load(std::memory_order_relaxed);
   const Entry& entry = pinned >= 0 ? table.algorithms[pinned] : byName(table, automaticChoice(collective, bytes, worldSize));
   return {entry.run, entry.name};
 }
 
 void setAlgorithmPins(const std::string& spec) {
-  std::array<int, 6> updated;
-  {
-    std::lock_guard<std::mutex> lock(pinsMutex);
-    updated = pins;
-  }
+  std::lock_guard<std::mutex> lock(pinsMutex);
+  std::array<int, kCollectives> updated;
+  for (size_t i = 0; i < kCollectives; ++i) updated[i] = pins[i].load();
   if (trim(spec).empty() || trim(spec) == "auto") {
     updated.fill(-1);
   }
@@ -148,8 +145,7 @@ void setAlgorithmPins(const std::string& spec) {
     }
     updated[static_cast<size_t>(table->collective)] = index;
   }
-  std::lock_guard<std::mutex> lock(pinsMutex);
-  pins = updated;
+  for (size_t i = 0; i < kCollectives; ++i) pins[i] = updated[i];
 }
 
 std::vector<std::pair<std::string, std::string>> algorithmPins() {
