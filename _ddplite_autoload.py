@@ -20,12 +20,44 @@ def _create_backend(store, group_rank, group_size, timeout):
     return _load_extension().create_backend(store, group_rank, group_size, timeout)
 
 
+def _mpi_rendezvous(url, **kwargs):
+    from torch_ddp_lite.rendezvous import mpi_rendezvous_handler
+
+    return mpi_rendezvous_handler(url, **kwargs)
+
+
+def _register_rendezvous_handlers():
+    """mpi:// for mpirun, and env:// extended to MPI launchers' and Slurm's rank variables.
+
+    env:// keeps torch's behaviour whenever torch's own variables are set; ddplite's handler only
+    takes over where torch's would raise for a missing RANK/WORLD_SIZE.
+    """
+    import sys
+
+    import torch.distributed.rendezvous  # noqa: F401 - the module, which the package shadows by a function
+
+    handlers = sys.modules["torch.distributed.rendezvous"]._rendezvous_handlers
+    if "mpi" not in handlers:
+        handlers["mpi"] = _mpi_rendezvous
+    torch_env = handlers.get("env")
+    if torch_env is not None and not getattr(torch_env, "_ddplite", False):
+
+        def env_rendezvous(url, **kwargs):
+            from torch_ddp_lite.rendezvous import env_rendezvous_handler
+
+            return env_rendezvous_handler(torch_env, url, **kwargs)
+
+        env_rendezvous._ddplite = True
+        handlers["env"] = env_rendezvous
+
+
 def register_backend():
-    """Registers ddplite for cpu and cuda; safe to call any number of times."""
+    """Registers ddplite for cpu and cuda, and its rendezvous handlers; idempotent."""
     import torch.distributed as dist
 
     if not dist.is_available():
         return False
+    _register_rendezvous_handlers()
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return True
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=["cpu", "cuda"])

@@ -3,6 +3,7 @@
 #include "common/env.hpp"
 #include "cpu/algorithms/selector.hpp"
 #include "cpu/transport/net_iface.hpp"
+#include "rendezvous/mpi.hpp"
 
 #include <pybind11/chrono.h>
 #include <torch/extension.h>
@@ -33,9 +34,56 @@ PYBIND11_MODULE(_C, m) {
       [] {
         return py::dict(py::arg("compiler") = std::string(__VERSION__),
                         py::arg("flags") = std::string(DDPLITE_BUILD_FLAGS),
-                        py::arg("cplusplus") = static_cast<long>(__cplusplus));
+                        py::arg("cplusplus") = static_cast<long>(__cplusplus),
+                        py::arg("mpi") = ddplite::mpi::compiledIn(),
+                        py::arg("mpi_library") = ddplite::mpi::libraryVersion(),
+                        py::arg("mpi_standard") = ddplite::mpi::standardVersion());
       },
-      "The compiler, the flags setup.py added and the C++ standard the extension was built with.");
+      "The compiler, the flags setup.py added, the C++ standard, and whether MPI was compiled in "
+      "(with its library and standard versions).");
+
+  // MPI (rendezvous/mpi.hpp). Without MPI compiled in these raise RuntimeError with a rebuild hint.
+  m.def("mpi_init_world", &ddplite::mpi::initWorld, py::call_guard<py::gil_scoped_release>(),
+        "Initialises MPI (MPI_THREAD_MULTIPLE) once; returns (world rank, world size).");
+  m.def("mpi_is_initialized", &ddplite::mpi::isInitialized);
+  m.def(
+      "mpi_broadcast_world",
+      [](const std::string& blob, int root) {
+        std::string result;
+        {
+          py::gil_scoped_release release;
+          result = ddplite::mpi::broadcastWorld(blob, root);
+        }
+        return py::bytes(result);
+      },
+      py::arg("blob"), py::arg("root"), "MPI_Bcast of bytes over MPI_COMM_WORLD.");
+  m.def("mpi_finalize", &ddplite::mpi::finalizeAtExit, py::call_guard<py::gil_scoped_release>(),
+        "MPI_Finalize if ddplite initialised MPI (idempotent; registered with atexit).");
+  m.def("mpi_rebuild_hint", [] { return std::string(ddplite::mpi::kRebuildHint); });
+
+  // Introspection of one group, for tests and collect_env.
+  m.def(
+      "group_transport",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        auto* ddplite = dynamic_cast<ddplite::DdpliteBackend*>(backend.get());
+        if (ddplite == nullptr) throw py::type_error("not a ddplite backend");
+        return py::make_tuple(std::string(ddplite->cpuTransportName()), std::string(ddplite->bootstrap().name()));
+      },
+      py::arg("backend"), "(CPU collective transport, bootstrap) of a ddplite group: ('tcp'|'mpi', 'store'|'mpi').");
+  m.def(
+      "bootstrap_broadcast",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& key, const std::string& blob, int root) {
+        auto* ddplite = dynamic_cast<ddplite::DdpliteBackend*>(backend.get());
+        if (ddplite == nullptr) throw py::type_error("not a ddplite backend");
+        std::string result;
+        {
+          py::gil_scoped_release release;
+          result = ddplite->bootstrap().broadcast(key, blob, root);
+        }
+        return py::bytes(result);
+      },
+      py::arg("backend"), py::arg("key"), py::arg("blob"), py::arg("root"),
+      "Runs the group's set-up broadcast (what carries the NCCL unique id); collective over the group.");
 
   m.def(
       "env_knobs",
@@ -73,6 +121,14 @@ PYBIND11_MODULE(_C, m) {
       "(collective, pinned algorithm or 'auto') for every collective.");
   m.def("available_algorithms", &ddplite::cpu::availableAlgorithms, "(collective, [algorithm names]).");
 
+  m.def(
+      "listen_address",
+      [] {
+        std::string why;
+        std::string address = ddplite::net::chooseListenAddress(&why);
+        return py::make_tuple(address, why);
+      },
+      "(address, why): the local IPv4 address ranks listen on (DDPLITE_SOCKET_IFNAME, route, hostname).");
   m.def("ifname_matches", &ddplite::net::ifnameMatches, py::arg("spec"), py::arg("ifname"),
         "Whether an interface name matches an NCCL-style DDPLITE_SOCKET_IFNAME spec.");
 }

@@ -1,9 +1,12 @@
 #include "backend/backend.hpp"
 
 #include "backend/validation.hpp"
+#include "common/env.hpp"
 #include "common/logging.hpp"
 #include "cpu/algorithms/selector.hpp"
 #include "cpu/transport/tcp.hpp"
+
+#include <c10/util/StringUtil.h>
 
 namespace ddplite {
 
@@ -38,6 +41,21 @@ void applyAlgorithmPins(int rank, int size) {
   }
 }
 
+// DDPLITE_CPU_TRANSPORT, checked like DDPLITE_ALGO: a typo fails init_process_group.
+bool wantsMpiTransport(int rank, int size) {
+  const std::string transport = env::cpuTransport();
+  if (transport == "tcp") return false;
+  if (transport == "mpi") {
+    if (!mpi::compiledIn()) {
+      throwValueError(OpContext{rank, size, "init", 0}, "DDPLITE_CPU_TRANSPORT=mpi, but this ddplite was built without MPI",
+                      mpi::kRebuildHint);
+    }
+    return true;
+  }
+  throwValueError(OpContext{rank, size, "init", 0}, strCat("DDPLITE_CPU_TRANSPORT='", transport, "' is not a transport"),
+                  "use 'tcp' (the default: ddplite's own transport) or 'mpi' (MPI's collectives, under mpirun)");
+}
+
 // A send/recv failure reported by the P2P engine, as the DistBackendError wait() raises.
 std::exception_ptr p2pFailure(const OpContext& ctx, std::exception_ptr error) {
   try {
@@ -68,12 +86,46 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
     timeoutMs_ = std::chrono::duration_cast<std::chrono::milliseconds>(kBackendDefaultTimeout).count();
   }
   applyAlgorithmPins(rank, size);
+  connectMpi(wantsMpiTransport(rank, size));
   const Deadline connectBy = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
   transport_ = TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy);
   p2p_ = std::make_unique<cpu::P2pEngine>(TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "p2p/"));
   worker_ = std::make_unique<Worker>();
-  DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " ready (timeout ", timeoutMs_.load(), " ms)");
+  DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " ready (timeout ", timeoutMs_.load(), " ms, CPU collectives over ",
+              cpuTransportName(), ", bootstrap over ", bootstrap_->name(), ")");
   init();
+}
+
+void DdpliteBackend::connectMpi(bool mpiTransport) {
+  bootstrap_ = std::make_unique<StoreBootstrap>(rendezvous_, rank_);
+  if (!mpiTransport && !mpi::isInitialized()) return;  // not an MPI job: the store does everything
+  const OpContext ctx{rank_, size_, "init", 0};
+  const auto [worldRank, worldSize] = mpi::initWorld();
+  // The members' MPI_COMM_WORLD ranks in group-rank order, through the group's store.
+  rendezvous_.set(strCat("mpi/world_rank/", rank_), std::to_string(worldRank));
+  std::vector<int> worldRanks(size_);
+  std::vector<bool> seen(worldSize, false);
+  bool oneJob = true;
+  for (int member = 0; member < size_; ++member) {
+    worldRanks[member] = std::stoi(rendezvous_.get(strCat("mpi/world_rank/", member), strCat("rank ", member, "'s MPI rank")));
+    const int w = worldRanks[member];
+    oneJob = oneJob && w >= 0 && w < worldSize && !seen[w];
+    if (oneJob) seen[w] = true;
+  }
+  if (!oneJob) {
+    if (mpiTransport) {
+      throwValueError(ctx,
+                      strCat("DDPLITE_CPU_TRANSPORT=mpi, but the ranks of this group are not one MPI job (this rank is "
+                             "MPI rank ", worldRank, " of ", worldSize, "; the group's ranks report MPI ranks ",
+                             c10::Join(",", worldRanks), ")"),
+                      "launch every rank with one mpirun (mpirun -np N python train.py), or unset "
+                      "DDPLITE_CPU_TRANSPORT to use ddplite's own transport");
+    }
+    return;  // e.g. mpi4py singletons under torchrun: keep the store
+  }
+  mpiComm_ = std::make_unique<mpi::GroupComm>(worldRanks, rank_);
+  bootstrap_ = std::make_unique<mpi::MpiBootstrap>(*mpiComm_);
+  if (mpiTransport) mpiCollectives_ = std::make_unique<cpu::MpiCollectives>(*mpiComm_);
 }
 
 DdpliteBackend::~DdpliteBackend() {
@@ -119,7 +171,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
 void DdpliteBackend::runOnWorker(DdpliteWork& work, std::chrono::milliseconds timeout, const CpuBody& body) {
   try {
     throwIfBroken(work.context());
-    body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout});
+    body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout, mpiCollectives_.get()});
     work.markFinished(nullptr);
   } catch (const TransportError& error) {
     work.markFinished(failureFromTransport(work.context(), error));

@@ -16,8 +16,11 @@
 #include "common/errors.hpp"
 #include "cpu/algorithms/algorithm.hpp"
 #include "cpu/collectives.hpp"
+#include "cpu/mpi_collectives.hpp"
 #include "cpu/p2p_engine.hpp"
 #include "cpu/transport/transport.hpp"
+#include "rendezvous/bootstrap.hpp"
+#include "rendezvous/mpi.hpp"
 #include "rendezvous/store.hpp"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -88,6 +91,12 @@ class DdpliteBackend final : public c10d::Backend {
   void abort() override;
   void shutdown() override;
 
+  // How this group shares set-up blobs (the NCCL unique id): over MPI when the processes are one
+  // MPI job (mpi:// or DDPLITE_CPU_TRANSPORT=mpi), else over the store.
+  Bootstrap& bootstrap() { return *bootstrap_; }
+  // "tcp" or "mpi": what carries this group's CPU collectives.
+  const char* cpuTransportName() const { return mpiCollectives_ ? "mpi" : "tcp"; }
+
  private:
   using CpuBody = std::function<void(const cpu::CpuContext&)>;
 
@@ -104,9 +113,15 @@ class DdpliteBackend final : public c10d::Backend {
   OpContext nextP2pContext(const char* op);
   void markBroken(const std::string& reason);
   void throwIfBroken(const OpContext& ctx);
+  // The group's MPI communicator when this process is part of an MPI job (see bootstrap()), and
+  // MPI's collectives on it when DDPLITE_CPU_TRANSPORT=mpi. Collective over the group.
+  void connectMpi(bool mpiTransport);
 
   StoreRendezvous rendezvous_;
   std::atomic<int64_t> timeoutMs_;
+  std::unique_ptr<mpi::GroupComm> mpiComm_;              // null unless one MPI job
+  std::unique_ptr<cpu::MpiCollectives> mpiCollectives_;  // null unless DDPLITE_CPU_TRANSPORT=mpi
+  std::unique_ptr<Bootstrap> bootstrap_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<cpu::P2pEngine> p2p_;
   std::atomic<uint64_t> p2pSeq_{0};

@@ -14,6 +14,7 @@ constexpr const char* kRingSegmentBytes = "DDPLITE_RING_SEGMENT_BYTES";
 constexpr const char* kTreeChunkBytes = "DDPLITE_TREE_CHUNK_BYTES";
 constexpr const char* kSocketBufferBytes = "DDPLITE_SOCKET_BUFFER_BYTES";
 constexpr const char* kAlgo = "DDPLITE_ALGO";
+constexpr const char* kCpuTransport = "DDPLITE_CPU_TRANSPORT";
 
 const char* rawValue(const char* name) {
   const char* value = std::getenv(name);
@@ -48,6 +49,10 @@ const std::vector<Knob>& allKnobs() {
       {kAlgo, "",
        "Pin CPU algorithms, e.g. 'allreduce:ring,broadcast:tree' (collective:algorithm, comma-separated; "
        "'auto' for the size-based choice). Must be the same on every rank"},
+      {kCpuTransport, "tcp",
+       "What carries CPU collectives: 'tcp' (ddplite's own transport and algorithms) or 'mpi' (MPI's own "
+       "collectives on the group's communicator; needs a build with MPI and a job launched by mpirun). "
+       "Must be the same on every rank"},
   };
   return knobs;
 }
@@ -93,6 +98,11 @@ int64_t socketBufferBytes() {
 std::string algorithmSpec() {
   const char* value = rawValue(kAlgo);
   return value != nullptr ? value : "";
+}
+
+std::string cpuTransport() {
+  const char* value = rawValue(kCpuTransport);
+  return value == nullptr ? "tcp" : value;
 }
 
 }  // namespace ddplite::env

@@ -37,4 +37,7 @@ int64_t socketBufferBytes();
 // cpu/algorithms/selector.cpp.
 std::string algorithmSpec();
 
+// DDPLITE_CPU_TRANSPORT: "tcp" (default) or "mpi", as set (checked by the backend).
+std::string cpuTransport();
+
 }  // namespace ddplite::env

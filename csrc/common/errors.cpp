@@ -28,4 +28,8 @@ void throwDistError(const std::string& what, const std::string& hint) {
   C10_THROW_ERROR(DistBackendError, compose("ddplite", what, hint));
 }
 
+void throwRuntimeError(const std::string& what, const std::string& hint) {
+  C10_THROW_ERROR(Error, compose("ddplite", what, hint));
+}
+
 }  // namespace ddplite

@@ -42,6 +42,9 @@ std::string strCat(const Args&... args) {
 // A run-time failure without op context (set-up, rendezvous).
 [[noreturn]] void throwDistError(const std::string& what, const std::string& hint);
 
+// A feature missing from this build (MPI, NCCL): Python sees RuntimeError.
+[[noreturn]] void throwRuntimeError(const std::string& what, const std::string& hint);
+
 }  // namespace ddplite
 
 #define DDPLITE_ENFORCE(cond, ...)                                                              \

@@ -109,6 +109,42 @@ ExchangeArgs exchangeArgs(const CpuContext& ctx, const char* sendData, std::vect
   return ExchangeArgs{ctx.transport, ctx.deadline, sendData, std::move(sendSpans), recvData, std::move(recvSpans), root};
 }
 
+// The data path of one byte-level collective: MPI's when the group uses it, else the selected
+// algorithm. `bufferBytes` as in selectAlgorithm.
+void runCollective(const CpuContext& ctx, Collective collective, const AlgorithmArgs& args, size_t bufferBytes,
+                   c10::ScalarType dtype, RedOpType op = RedOpType::SUM) {
+  if (ctx.mpi != nullptr && ctx.mpi->handles(bufferBytes)) {
+    ctx.mpi->run(collective, args, dtype, op);
+    return;
+  }
+  selectAlgorithm(collective, bufferBytes, ctx.transport.size()).run(args);
+}
+
+size_t totalBytes(const std::vector<Span>& spans) {
+  size_t total = 0;
+  for (const Span& span : spans) total += span.bytes;
+  return total;
+}
+
+// Exchanges: MPI's gather/scatter/alltoallv when the group uses MPI, else the direct algorithms.
+// Every rank must take the same path, so the size test uses what all ranks know: the send spans
+// for gather (equal on every rank), the receive spans for scatter. alltoall's totals differ per
+// rank, so under MPI it always goes to MPI (which refuses counts over 2 GiB with a clear error).
+void gatherVia(const CpuContext& ctx, const ExchangeArgs& args) {
+  if (ctx.mpi != nullptr && ctx.mpi->handles(totalBytes(args.sendSpans))) return ctx.mpi->gather(args);
+  gatherDirect(args);
+}
+
+void scatterVia(const CpuContext& ctx, const ExchangeArgs& args) {
+  if (ctx.mpi != nullptr && ctx.mpi->handles(totalBytes(args.recvSpans))) return ctx.mpi->scatter(args);
+  scatterDirect(args);
+}
+
+void alltoallVia(const CpuContext& ctx, const ExchangeArgs& args) {
+  if (ctx.mpi != nullptr) return ctx.mpi->alltoall(args);
+  alltoallPairwise(args);
+}
+
 // Reduce-scatter on a working buffer of P equal blocks that the algorithm may overwrite.
 void reduceScatterWorking(const CpuContext& ctx, at::Tensor& working, at::Tensor& output, const c10d::ReduceOp& op) {
   const int size = ctx.transport.size();
@@ -116,7 +152,7 @@ void reduceScatterWorking(const CpuContext& ctx, at::Tensor& working, at::Tensor
   AlgorithmArgs args = argsFor(ctx, working);
   args.count = static_cast<size_t>(output.numel());
   args.reduce = selectReduceFn(working.scalar_type(), op.op_);
-  selectAlgorithm(Collective::kReduceScatter, working.nbytes(), size).run(args);
+  runCollective(ctx, Collective::kReduceScatter, args, working.nbytes(), working.scalar_type(), op.op_);
   at::Tensor mine = working.narrow(0, ctx.transport.rank() * output.numel(), output.numel());
   finishReduction(mine, op, size);
   output.copy_(mine.view(output.sizes()));
@@ -130,7 +166,7 @@ void allreduce(const CpuContext& ctx, at::Tensor& tensor, const c10d::ReduceOp& 
     premultiply(dense, op);
     AlgorithmArgs args = argsFor(ctx, dense);
     args.reduce = selectReduceFn(dense.scalar_type(), op.op_);
-    selectAlgorithm(Collective::kAllreduce, dense.nbytes(), ctx.transport.size()).run(args);
+    runCollective(ctx, Collective::kAllreduce, args, dense.nbytes(), dense.scalar_type(), op.op_);
   });
   finishReduction(tensor, op, ctx.transport.size());
 }
@@ -158,7 +194,7 @@ void broadcast(const CpuContext& ctx, at::Tensor& tensor, int root) {
   withContiguous(tensor, [&](at::Tensor& dense) {
     AlgorithmArgs args = argsFor(ctx, dense);
     args.root = root;
-    selectAlgorithm(Collective::kBroadcast, dense.nbytes(), ctx.transport.size()).run(args);
+    runCollective(ctx, Collective::kBroadcast, args, dense.nbytes(), dense.scalar_type());
   });
 }
 
@@ -175,7 +211,7 @@ void reduce(const CpuContext& ctx, at::Tensor& tensor, int root, const c10d::Red
   AlgorithmArgs args = argsFor(ctx, accumulator);
   args.root = root;
   args.reduce = selectReduceFn(accumulator.scalar_type(), op.op_);
-  selectAlgorithm(Collective::kReduce, accumulator.nbytes(), ctx.transport.size()).run(args);
+  runCollective(ctx, Collective::kReduce, args, accumulator.nbytes(), accumulator.scalar_type(), op.op_);
   if (isRoot) {
     finishReduction(accumulator, op, ctx.transport.size());
     if (!accumulator.is_same(tensor)) tensor.copy_(accumulator);
@@ -188,7 +224,7 @@ void allgatherInto(const CpuContext& ctx, const at::Tensor& input, at::Tensor& o
     dense.view(-1).narrow(0, ctx.transport.rank() * blockElements, blockElements).copy_(input.reshape(-1));
     AlgorithmArgs args = argsFor(ctx, dense);
     args.count = static_cast<size_t>(blockElements);
-    selectAlgorithm(Collective::kAllgather, dense.nbytes(), ctx.transport.size()).run(args);
+    runCollective(ctx, Collective::kAllgather, args, dense.nbytes(), dense.scalar_type());
   });
 }
 
@@ -214,11 +250,11 @@ void gather(const CpuContext& ctx, const at::Tensor& input, std::vector<at::Tens
   const at::Tensor source = input.contiguous();
   const std::vector<Span> sendSpans(size, Span{0, source.nbytes()});
   if (ctx.transport.rank() != root) {
-    gatherDirect(exchangeArgs(ctx, bytesOf(source), sendSpans, nullptr, {}, root));
+    gatherVia(ctx, exchangeArgs(ctx, bytesOf(source), sendSpans, nullptr, {}, root));
     return;
   }
   at::Tensor gathered = at::empty({size * input.numel()}, input.options());
-  gatherDirect(exchangeArgs(ctx, bytesOf(source), sendSpans, bytesOf(gathered), equalSpans(size, source.nbytes()), root));
+  gatherVia(ctx, exchangeArgs(ctx, bytesOf(source), sendSpans, bytesOf(gathered), equalSpans(size, source.nbytes()), root));
   splitInto(gathered, outputs);
 }
 
@@ -227,11 +263,11 @@ void scatter(const CpuContext& ctx, const std::vector<at::Tensor>& inputs, at::T
   withContiguous(output, [&](at::Tensor& dense) {
     const std::vector<Span> recvSpans(size, Span{0, dense.nbytes()});
     if (ctx.transport.rank() != root) {
-      scatterDirect(exchangeArgs(ctx, nullptr, {}, bytesOf(dense), recvSpans, root));
+      scatterVia(ctx, exchangeArgs(ctx, nullptr, {}, bytesOf(dense), recvSpans, root));
       return;
     }
     const at::Tensor source = concatenated(inputs);
-    scatterDirect(exchangeArgs(ctx, bytesOf(source), equalSpans(size, dense.nbytes()), bytesOf(dense), recvSpans, root));
+    scatterVia(ctx, exchangeArgs(ctx, bytesOf(source), equalSpans(size, dense.nbytes()), bytesOf(dense), recvSpans, root));
   });
 }
 
@@ -240,7 +276,7 @@ void alltoallBase(const CpuContext& ctx, const at::Tensor& input, at::Tensor& ou
   const int size = ctx.transport.size();
   const at::Tensor source = input.contiguous();
   withContiguous(output, [&](at::Tensor& dense) {
-    alltoallPairwise(exchangeArgs(ctx, bytesOf(source), rowSpans(source, inputSplits, size), bytesOf(dense),
+    alltoallVia(ctx, exchangeArgs(ctx, bytesOf(source), rowSpans(source, inputSplits, size), bytesOf(dense),
                                   rowSpans(dense, outputSplits, size)));
   });
 }
@@ -250,13 +286,13 @@ void alltoallList(const CpuContext& ctx, const std::vector<at::Tensor>& inputs, 
   int64_t received = 0;
   for (const auto& output : outputs) received += output.numel();
   at::Tensor landing = at::empty({received}, source.options());
-  alltoallPairwise(exchangeArgs(ctx, bytesOf(source), tensorSpans(inputs), bytesOf(landing), tensorSpans(outputs)));
+  alltoallVia(ctx, exchangeArgs(ctx, bytesOf(source), tensorSpans(inputs), bytesOf(landing), tensorSpans(outputs)));
   splitInto(landing, outputs);
 }
 
 void barrier(const CpuContext& ctx) {
   AlgorithmArgs args{ctx.transport, ctx.deadline, ctx.scratch, nullptr, 0, 1};
-  selectAlgorithm(Collective::kBarrier, 0, ctx.transport.size()).run(args);
+  runCollective(ctx, Collective::kBarrier, args, 0, c10::kByte);
 }
 
 }  // namespace ddplite::cpu

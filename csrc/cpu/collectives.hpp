@@ -7,6 +7,7 @@
 #pragma once
 
 #include "cpu/algorithms/algorithm.hpp"
+#include "cpu/mpi_collectives.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -19,6 +20,9 @@ struct CpuContext {
   Transport& transport;
   Scratch& scratch;
   Deadline deadline;
+  // Set when the group runs with DDPLITE_CPU_TRANSPORT=mpi: collectives it handles go to MPI,
+  // the rest (and p2p) through `transport`.
+  const MpiCollectives* mpi = nullptr;
 };
 
 void allreduce(const CpuContext& ctx, at::Tensor& tensor, const c10d::ReduceOp& op);
