@@ -8,6 +8,8 @@ both. Inputs are small integers (workers.make_input), so results are exact in ev
 on floats is compared with the dtype's tolerance. PREMUL_SUM uses the factor 0.5, exact too.
 """
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -69,7 +71,11 @@ def gloo_has(op):
 
 def each_algorithm(collective):
     """Yields each algorithm name of `collective` with it pinned on this rank, then "auto"; every
-    rank walks the same list, so all ranks run the same algorithm for each op."""
+    rank walks the same list, so all ranks run the same algorithm for each op. Under
+    DDPLITE_CPU_TRANSPORT=mpi, MPI picks the algorithm, so there is one run: "mpi"."""
+    if os.environ.get("DDPLITE_CPU_TRANSPORT") == "mpi":
+        yield "mpi"
+        return
     for name in torch_ddp_lite.available_algorithms()[collective] + ["auto"]:
         torch_ddp_lite.set_algorithm(collective, name)
         yield name

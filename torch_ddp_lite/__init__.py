@@ -57,6 +57,12 @@ def built_torch_version():
     return _load_extension().built_torch_version()
 
 
+def build_info():
+    """How the extension was built: compiler, flags, C++ standard, and whether MPI was compiled in
+    (``mpi``, ``mpi_library``, ``mpi_standard``)."""
+    return dict(_load_extension().build_info())
+
+
 def env_knobs():
     """Every DDPLITE_* environment variable as a list of (name, default, help)."""
     return [tuple(knob) for knob in _load_extension().env_knobs()]
@@ -97,6 +103,7 @@ __all__ = [
     "BACKEND_NAME",
     "__version__",
     "available_algorithms",
+    "build_info",
     "built_torch_version",
     "env_knobs",
     "get_algorithms",

@@ -1,0 +1,93 @@
+"""One rank of an mpirun job started by test_mpi.py: ``mpirun -np N python tests/mpi_job.py MODE OUT``.
+
+Every rank writes its result to OUT/rank<R>.pt (torch.save), which the test compares.
+  sweeps  mpi:// rendezvous; the set-up broadcast; every quick collective sweep (sweeps.py:
+          closed form and gloo on identical inputs) on the transport DDPLITE_CPU_TRANSPORT picks
+  ddp     DDP through ddplite over mpi://, then again through gloo over mpi:// (the oracle)
+  env     init_process_group("ddplite") with env:// and no MASTER_ADDR/RANK: found through MPI
+  stall   rank 1 skips an all_reduce: rank 0 must fail within the group's timeout, not hang
+"""
+
+import datetime
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import sweeps  # noqa: E402
+import torch_ddp_lite  # noqa: E402
+import workers  # noqa: E402
+
+
+def cpu_backend():
+    return dist.group.WORLD._get_backend(torch.device("cpu"))
+
+
+def group_facts():
+    extension = torch_ddp_lite._load_extension()
+    transport, bootstrap = extension.group_transport(cpu_backend())
+    blob = f"set-up blob from rank 0 of {dist.get_world_size()}".encode() if dist.get_rank() == 0 else b""
+    shared = extension.bootstrap_broadcast(cpu_backend(), "test", blob, 0)
+    return {"transport": transport, "bootstrap": bootstrap, "shared": shared.decode()}
+
+
+def run_sweeps(rank, size):
+    dist.init_process_group("ddplite", init_method="mpi://")
+    result = {"rank": dist.get_rank(), "size": dist.get_world_size(), **group_facts(), "sweeps": {}}
+    for name, sweep in sweeps.SWEEPS.items():
+        result["sweeps"][name] = sweep(rank, size, sweeps.QUICK_COUNTS)
+    return result
+
+
+def run_ddp(rank, size):
+    dist.init_process_group("ddplite", init_method="mpi://")
+    facts = group_facts()
+    ddplite = workers.ddp_train(rank, size, steps=8)
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method="mpi://")
+    gloo = workers.ddp_train(rank, size, steps=8)
+    return {**facts, "ddplite": ddplite, "gloo": gloo}
+
+
+def run_env(rank, size):
+    assert "MASTER_ADDR" not in os.environ and "RANK" not in os.environ
+    dist.init_process_group("ddplite")  # env://, torch's default
+    tensor = torch.full((5,), float(dist.get_rank() + 1))
+    dist.all_reduce(tensor)
+    return {"rank": dist.get_rank(), "size": dist.get_world_size(), **group_facts(), "sum": tensor}
+
+
+def run_stall(rank, size):
+    dist.init_process_group("ddplite", init_method="mpi://", timeout=datetime.timedelta(seconds=5))
+    dist.all_reduce(torch.ones(4))
+    result = {"raised": None}
+    if rank != 1:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(4))
+        except Exception as error:  # noqa: BLE001
+            result = {"raised": type(error).__name__, "message": str(error)}
+        result["seconds"] = time.monotonic() - start
+    return result
+
+
+MODES = {"sweeps": run_sweeps, "ddp": run_ddp, "env": run_env, "stall": run_stall}
+
+
+def main():
+    mode, out_dir = sys.argv[1], sys.argv[2]
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    torch.manual_seed(1234 + rank)
+    result = MODES[mode](rank, size)
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    if mode != "stall" and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

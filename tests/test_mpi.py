@@ -1,0 +1,181 @@
+"""mpirun: the mpi:// rendezvous, env:// under MPI launchers and Slurm, MPI as the set-up
+broadcast, and MPI's collectives as a CPU data path (DDPLITE_CPU_TRANSPORT=mpi), against the
+closed form and gloo on identical inputs (tests/mpi_job.py runs inside the job)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import torch_ddp_lite
+import workers
+from harness import RankFailed, run_ranks
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+MPIRUN = shutil.which("mpirun")
+MPI_BUILT = torch_ddp_lite.build_info()["mpi"]
+
+needs_mpirun = pytest.mark.skipif(MPIRUN is None or not MPI_BUILT,
+                                  reason="needs mpirun and ddplite built with MPI (scripts/setup.sh installs both)")
+
+
+def mpirun_environment(**extra):
+    """What our scripts set for Open MPI: root is allowed (CI containers run as root), more ranks
+    than cores, no cross-memory attach (refused in containers), one thread per rank."""
+    env = dict(os.environ)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DDPLITE_CPU_TRANSPORT"):
+        env.pop(name, None)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")])))
+    env.update(extra)
+    return env
+
+
+def mpirun(mode, ranks, out_dir, transport="tcp", timeout_s=300):
+    """Runs tests/mpi_job.py under mpirun; returns every rank's result."""
+    command = [MPIRUN, "--bind-to", "none", "-x", "DDPLITE_CPU_TRANSPORT", "-np", str(ranks), sys.executable,
+               os.path.join(HERE, "mpi_job.py"), mode, str(out_dir)]
+    completed = subprocess.run(command, env=mpirun_environment(DDPLITE_CPU_TRANSPORT=transport), capture_output=True,
+                               text=True, timeout=timeout_s)
+    assert completed.returncode == 0, f"mpirun failed ({completed.returncode}):\n{completed.stdout}\n{completed.stderr}"
+    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(ranks)]
+
+
+def test_mpi_is_compiled_in_where_mpirun_exists():
+    """Guards the skips below: on a machine set up by scripts/setup.sh they must run."""
+    if MPIRUN is None:
+        pytest.skip("no mpirun on this machine")
+    info = torch_ddp_lite.build_info()
+    assert info["mpi"], "mpirun is installed but ddplite was built without MPI: rerun scripts/setup.sh"
+    assert info["mpi_library"].startswith(("Open MPI", "MPICH")), info
+    assert info["mpi_standard"] >= "3.0", info
+
+
+@needs_mpirun
+@pytest.mark.parametrize("transport,ranks", [("mpi", 1), ("mpi", 2), ("mpi", 3), ("mpi", 4), ("tcp", 2), ("tcp", 3)])
+def test_mpirun_collectives_match_closed_form_and_gloo(tmp_path, transport, ranks):
+    results = mpirun("sweeps", ranks, tmp_path, transport)
+    for rank, result in enumerate(results):
+        assert (result["rank"], result["size"]) == (rank, ranks)
+        assert (result["transport"], result["bootstrap"]) == (transport, "mpi")
+        assert result["shared"] == f"set-up blob from rank 0 of {ranks}"
+        for name, sweep in result["sweeps"].items():
+            assert sweep["failures"] == [], f"{name}: " + "\n".join(sweep["failures"][:10])
+            assert sweep["checked"] >= len(workers.DTYPES) * 4, (name, sweep["checked"])
+        assert sum(sweep["gloo_refused"] for sweep in result["sweeps"].values()) < result["sweeps"]["allreduce"]["checked"]
+
+
+@needs_mpirun
+@pytest.mark.parametrize("transport,ranks", [("mpi", 2), ("tcp", 2), ("mpi", 3)])
+def test_mpirun_ddp_matches_gloo(tmp_path, transport, ranks):
+    results = mpirun("ddp", ranks, tmp_path, transport)
+    reference = workers.single_process_train(world_size=ranks, steps=8)
+    for result in results:
+        assert result["transport"] == transport
+        for name, expected in result["gloo"].items():
+            torch.testing.assert_close(result["ddplite"][name], expected, rtol=1e-5, atol=1e-6, msg=name)
+            torch.testing.assert_close(result["ddplite"][name], reference[name], rtol=1e-5, atol=1e-6, msg=name)
+        assert all(torch.equal(result["ddplite"][n], results[0]["ddplite"][n]) for n in reference)
+    untouched = dict(workers.make_cnn(seed=0).named_parameters())
+    assert any(not torch.allclose(results[0]["ddplite"][n], untouched[n]) for n in untouched)
+
+
+@needs_mpirun
+@pytest.mark.parametrize("transport", ["tcp", "mpi"])
+def test_env_rendezvous_under_mpirun_needs_nothing_set(tmp_path, transport):
+    results = mpirun("env", 3, tmp_path, transport)
+    for rank, result in enumerate(results):
+        assert (result["rank"], result["size"], result["transport"]) == (rank, 3, transport)
+        assert torch.equal(result["sum"], torch.full((5,), 6.0))
+
+
+@needs_mpirun
+@pytest.mark.parametrize("transport", ["tcp", "mpi"])
+def test_rank_missing_from_a_collective_fails_within_the_timeout(tmp_path, transport):
+    results = mpirun("stall", 2, tmp_path, transport, timeout_s=120)
+    assert results[1]["raised"] is None
+    failure = results[0]
+    assert failure["raised"] == "DistBackendError", failure
+    assert "ddplite rank 0/2, allreduce #2" in failure["message"] and "Hint:" in failure["message"]
+    assert 4.5 < failure["seconds"] < 30, failure
+
+
+# ---- without mpirun -----------------------------------------------------------------------------
+
+def run_python(code, env_overrides, timeout_s=120):
+    env = mpirun_environment()
+    for name in [n for n in env if n.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))]:
+        del env[name]
+    env.update(env_overrides)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+INIT_DEFAULT = "import torch.distributed as dist; dist.init_process_group('ddplite'); print('ok', dist.get_rank(), dist.get_world_size())"
+
+
+def test_slurm_variables_without_master_address_list_what_is_missing():
+    started = time.monotonic()
+    completed = run_python(INIT_DEFAULT, {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"})
+    assert completed.returncode != 0
+    assert "ValueError: ddplite env:// rendezvous: launched by Slurm (srun) (rank 0 of 2 from SLURM_PROCID/SLURM_NTASKS)" \
+        in completed.stderr, completed.stderr
+    assert "MASTER_ADDR and MASTER_PORT are not set" in completed.stderr
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in completed.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_slurm_variables_with_master_address_give_rank_and_size():
+    completed = run_python(INIT_DEFAULT, {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "MASTER_ADDR": "127.0.0.1",
+                                          "MASTER_PORT": str(29500 + os.getpid() % 1000)})
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == ["ok", "0", "1"]
+
+
+def test_torch_variables_keep_torch_behaviour():
+    """RANK/WORLD_SIZE set: ddplite's env:// hands over to torch's handler untouched (its error)."""
+    completed = run_python(INIT_DEFAULT, {"RANK": "0", "WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0",
+                                          "OMPI_COMM_WORLD_SIZE": "1"})
+    assert completed.returncode != 0
+    assert "MASTER_ADDR expected, but not set" in completed.stderr, completed.stderr
+
+
+def test_mpi_rendezvous_without_mpi_says_how_to_rebuild():
+    code = ("import torch_ddp_lite, torch.distributed as dist\n"
+            "extension = torch_ddp_lite._load_extension()\n"
+            "info = extension.build_info(); info['mpi'] = False\n"
+            "extension.build_info = lambda: info  # what a build without MPI reports\n"
+            "dist.init_process_group('ddplite', init_method='mpi://')\n")
+    completed = run_python(code, {})
+    assert completed.returncode != 0
+    assert "RuntimeError: ddplite: init_method='mpi://' needs MPI, and this ddplite was built without it." \
+        in completed.stderr, completed.stderr
+    assert "apt-get install libopenmpi-dev openmpi-bin" in completed.stderr
+
+
+def init_only(rank, world_size):
+    return "initialised"
+
+
+def test_unknown_cpu_transport_is_a_value_error():
+    with pytest.raises(RankFailed) as failure:
+        run_ranks(init_only, 2, env={"DDPLITE_CPU_TRANSPORT": "infiniband"})
+    assert "ValueError: ddplite rank 0/2, init #0: DDPLITE_CPU_TRANSPORT='infiniband' is not a transport" \
+        in str(failure.value)
+    assert "use 'tcp'" in str(failure.value)
+
+
+@needs_mpirun
+def test_mpi_transport_outside_one_mpi_job_is_refused():
+    """Two processes started without mpirun are two MPI singletons, not one job."""
+    with pytest.raises(RankFailed) as failure:
+        run_ranks(init_only, 2, env={"DDPLITE_CPU_TRANSPORT": "mpi"}, timeout_s=120)
+    message = str(failure.value)
+    assert "DDPLITE_CPU_TRANSPORT=mpi, but the ranks of this group are not one MPI job" in message, message
+    assert "the group's ranks report MPI ranks 0,0" in message
+    assert "mpirun -np N" in message
