@@ -46,10 +46,26 @@ else
   say "python packages present"
 fi
 
-# 2. The extension: rebuilt only when its sources, build files or torch changed.
+# 2. Open MPI (mpirun, and the headers the extension's MPI support compiles against), from
+#    Debian's packages; skipped when present or when DDPLITE_WITH_MPI=0. Without it the
+#    extension still builds, and only mpi:// and DDPLITE_CPU_TRANSPORT=mpi are unavailable.
+if [ "${DDPLITE_WITH_MPI:-1}" != "0" ]; then
+  if command -v mpirun >/dev/null 2>&1 && command -v mpicxx >/dev/null 2>&1; then
+    say "Open MPI present ($(mpirun --version 2>/dev/null | head -n 1))"
+  elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+    say "installing Open MPI (apt-get: libopenmpi-dev openmpi-bin)"
+    apt-get install -y -q libopenmpi-dev openmpi-bin >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libopenmpi-dev openmpi-bin >/dev/null; }
+  else
+    say "Open MPI missing and cannot be installed here (needs root and apt-get): building without MPI"
+  fi
+fi
+
+# 3. The extension: rebuilt only when its sources, build files, torch or MPI changed.
 stamp_file="$REPO/build/.ddplite-build-stamp"
 stamp=$( { cat setup.py pyproject.toml _ddplite_autoload.py; find csrc -type f | sort | xargs cat;
-           "$PYTHON" -c "import torch; print(torch.__version__)"; } | sha256sum | cut -d' ' -f1)
+           "$PYTHON" -c "import torch; print(torch.__version__)"; command -v mpicxx || true;
+           echo "${DDPLITE_WITH_MPI:-1}"; } | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] \
    && "$PYTHON" -c "import torch_ddp_lite" >/dev/null 2>&1; then
   say "extension up to date"

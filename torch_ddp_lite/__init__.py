@@ -7,6 +7,7 @@ already done so) and checks that the C++ extension matches the running torch::
     dist.init_process_group(backend="ddplite")
 """
 
+import atexit
 import importlib
 
 import torch
@@ -43,6 +44,9 @@ def _load_extension():
             f"torch_ddp_lite was built against torch {built} but torch {torch.__version__} is running; "
             f"{_REBUILD_HINT}"
         )
+    # MPI_Finalize at exit when ddplite initialised MPI (mpi:// or DDPLITE_CPU_TRANSPORT=mpi);
+    # a no-op otherwise. Open MPI reports a process that exits without it as a failure.
+    atexit.register(module.mpi_finalize)
     _extension = module
     return module
 

@@ -13,7 +13,6 @@ compiled in) the store is found through MPI as for ``mpi://``; otherwise the err
 missing and how to set it.
 """
 
-import atexit
 import datetime
 import os
 import socket
@@ -65,22 +64,15 @@ def _extension():
     return _load_extension()
 
 
-_finalize_registered = False
-
-
 def _init_mpi():
-    """MPI_Init_thread once (MPI_THREAD_MULTIPLE) and MPI_Finalize at exit; (rank, size)."""
-    global _finalize_registered
+    """MPI_Init_thread once (MPI_THREAD_MULTIPLE; MPI_Finalize at exit is registered by the
+    extension's loader); (rank, size)."""
     extension = _extension()
     if not extension.build_info()["mpi"]:
         raise RuntimeError(
             "ddplite: init_method='mpi://' needs MPI, and this ddplite was built without it.\n"
             f"Hint: {extension.mpi_rebuild_hint()}")
-    rank, size = extension.mpi_init_world()
-    if not _finalize_registered:
-        atexit.register(extension.mpi_finalize)
-        _finalize_registered = True
-    return rank, size
+    return extension.mpi_init_world()
 
 
 def _query(url):

@@ -107,10 +107,30 @@ def _share_cores(world_size):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
 
 
+# Columns that are ddplite with another CPU data path: (torch backend, DDPLITE_CPU_TRANSPORT).
+# "ddplite-mpi" is MPI's own collectives and needs the ranks launched by mpirun.
+TRANSPORT_VARIANTS = {"ddplite-mpi": ("ddplite", "mpi"), "ddplite-tcp": ("ddplite", "tcp")}
+
+
 def measured_groups(backends):
-    """{backend: group over all ranks}, one new group per backend."""
+    """{backend: group over all ranks}, one new group per backend (or transport variant)."""
     ranks = list(range(dist.get_world_size()))
-    return {backend: dist.new_group(ranks=ranks, backend=backend) for backend in backends}
+    return {backend: _new_group(ranks, backend) for backend in backends}
+
+
+def _new_group(ranks, backend):
+    if backend not in TRANSPORT_VARIANTS:
+        return dist.new_group(ranks=ranks, backend=backend)
+    torch_backend, transport = TRANSPORT_VARIANTS[backend]
+    saved = os.environ.get("DDPLITE_CPU_TRANSPORT")
+    os.environ["DDPLITE_CPU_TRANSPORT"] = transport  # read when the group's backend is created
+    try:
+        return dist.new_group(ranks=ranks, backend=torch_backend)
+    finally:
+        if saved is None:
+            del os.environ["DDPLITE_CPU_TRANSPORT"]
+        else:
+            os.environ["DDPLITE_CPU_TRANSPORT"] = saved
 
 
 def rank_device(kind):

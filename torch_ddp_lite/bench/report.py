@@ -44,7 +44,7 @@ def table_header(op, backends):
     block = _TIME + 2 * _BW
     ratio_block = 2 * _RATIO
     names = "".join(f"{name:>{block}}" for name in backends)
-    names += "".join(f"{reference + '/' + other:>{ratio_block}}" for other in others)
+    names += "".join(f"{' ' + reference + '/' + other:>{ratio_block}}" for other in others)
     heads = "".join(f"{'time':>{_TIME}}{'algbw':>{_BW}}{'busbw':>{_BW}}" for _ in backends)
     heads += "".join(f"{'time':>{_RATIO}}{'busbw':>{_RATIO}}" for _ in others)
     units = "".join(f"{'(us)':>{_TIME}}{'(GB/s)':>{_BW}}{'(GB/s)':>{_BW}}" for _ in backends)
