@@ -179,3 +179,21 @@ def test_mpi_transport_outside_one_mpi_job_is_refused():
     assert "DDPLITE_CPU_TRANSPORT=mpi, but the ranks of this group are not one MPI job" in message, message
     assert "the group's ranks report MPI ranks 0,0" in message
     assert "mpirun -np N" in message
+
+
+@needs_mpirun
+def test_benchmark_has_an_mpi_column(tmp_path):
+    out = tmp_path / "rows.json"
+    command = [MPIRUN, "--bind-to", "none", "-np", "2", sys.executable, "-m", "torch_ddp_lite.bench", "--backends",
+               "ddplite,ddplite-mpi,gloo", "--ops", "all_reduce,all_gather_into_tensor", "-b", "8", "-e", "64K", "-f", "64",
+               "--time-per-point", "0.02", "--json", str(out)]
+    completed = subprocess.run(command, env=mpirun_environment(), capture_output=True, text=True, timeout=180)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "ddplite/ddplite-mpi" in completed.stdout
+    import json
+    rows = json.loads(out.read_text())
+    for op in ("all_reduce", "all_gather_into_tensor"):
+        for size in (8, 512, 32768):
+            backends = {row["backend"]: row for row in rows if row["op"] == op and row["bytes"] == size}
+            assert set(backends) == {"ddplite", "ddplite-mpi", "gloo"}, (op, size, backends)
+            assert all(row["time_us"] > 0 and row["world_size"] == 2 for row in backends.values())
