@@ -106,7 +106,10 @@ def mpi_section():
         mpi4py_text = MPI.Get_library_version().strip().splitlines()[0]
     except ImportError:
         mpi4py_text = "not installed"
-    return {"mpirun": command_first_line("mpirun", "--version"), "mpi4py": mpi4py_text}
+    build = torch_ddp_lite._load_extension().build_info()
+    ddplite_mpi = (f"compiled in: {build['mpi_library']} (MPI {build['mpi_standard']})" if build["mpi"]
+                   else "not compiled in (mpi:// and DDPLITE_CPU_TRANSPORT=mpi unavailable)")
+    return {"mpirun": command_first_line("mpirun", "--version"), "mpi4py": mpi4py_text, "ddplite MPI": ddplite_mpi}
 
 
 def compiler_section():
