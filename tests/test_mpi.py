@@ -72,7 +72,7 @@ def test_mpirun_collectives_match_closed_form_and_gloo(tmp_path, transport, rank
 
 
 @needs_mpirun
-@pytest.mark.parametrize("transport,ranks", [("mpi", 2), ("tcp", 2), ("mpi", 3)])
+@pytest.mark.parametrize("transport,ranks", [("mpi", 1), ("mpi", 2), ("tcp", 2), ("mpi", 3), ("mpi", 4), ("tcp", 4)])
 def test_mpirun_ddp_matches_gloo(tmp_path, transport, ranks):
     results = mpirun("ddp", ranks, tmp_path, transport)
     reference = workers.single_process_train(world_size=ranks, steps=8)
@@ -197,3 +197,18 @@ def test_benchmark_has_an_mpi_column(tmp_path):
             backends = {row["backend"]: row for row in rows if row["op"] == op and row["bytes"] == size}
             assert set(backends) == {"ddplite", "ddplite-mpi", "gloo"}, (op, size, backends)
             assert all(row["time_us"] > 0 and row["world_size"] == 2 for row in backends.values())
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_mpi_sources_compile_without_mpi():
+    """A machine without MPI still builds: the MPI files' stubs compile without DDPLITE_WITH_MPI
+    (and without <mpi.h> on the include path)."""
+    from torch.utils.cpp_extension import include_paths
+    import sysconfig
+
+    for source in ("csrc/rendezvous/mpi.cpp", "csrc/cpu/mpi_collectives.cpp"):
+        command = ["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", f"-I{REPO}/csrc",
+                   f"-I{sysconfig.get_paths()['include']}", *[f"-I{path}" for path in include_paths()],
+                   os.path.join(REPO, source)]
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert completed.returncode == 0, f"{source}:\n{completed.stderr[-3000:]}"

@@ -196,6 +196,7 @@ std::exception_ptr DdpliteBackend::failureFromTransport(const OpContext& ctx, co
       rendezvous_.recordFailure(summary);
     }
     markBroken(summary);
+    if (mpiCollectives_) mpiCollectives_->abort();
     transport_->abort();
   }
   DDPLITE_LOG(kWarn, ctx.describe(), " failed: ", what);
@@ -225,6 +226,7 @@ void DdpliteBackend::throwIfBroken(const OpContext& ctx) {
 
 void DdpliteBackend::abort() {
   markBroken(strCat("abort() was called on rank ", rank_));
+  if (mpiCollectives_) mpiCollectives_->abort();
   transport_->abort();
   p2p_->abort();
 }

@@ -124,9 +124,10 @@ void checkStarted(int code, const char* call) {
 // Drives `request` to completion, or throws kTimeout at `deadline`. MPI progresses inside
 // MPI_Test, so the loop spins for the first ~50 us (small collectives finish there), then yields,
 // then sleeps briefly to leave the core to the ranks it waits for.
-void complete(MPI_Request& request, Deadline deadline, const char* call) {
+void complete(MPI_Request& request, Deadline deadline, const char* call, const std::atomic<bool>& aborted) {
   const auto start = Clock::now();
   for (int flag = 0;;) {
+    if (aborted) throw TransportError(TransportError::Kind::kAborted, -1, strCat(call, " abandoned: the group was aborted"));
     checkStarted(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), call);
     if (flag) return;
     const auto now = Clock::now();
@@ -189,19 +190,19 @@ void MpiCollectives::run(Collective collective, const AlgorithmArgs& args, c10::
     case Collective::kAllreduce:
       checkStarted(MPI_Iallreduce(MPI_IN_PLACE, args.data, count, mpiType(dtype), mpiOp(dtype, op), comm, &request),
                    "MPI_Iallreduce");
-      complete(request, args.deadline, "MPI_Iallreduce");
+      complete(request, args.deadline, "MPI_Iallreduce", aborted_);
       return;
     case Collective::kBroadcast:
       checkStarted(MPI_Ibcast(args.data, asInt(args.count * args.elementSize), MPI_BYTE, args.root, comm, &request),
                    "MPI_Ibcast");
-      complete(request, args.deadline, "MPI_Ibcast");
+      complete(request, args.deadline, "MPI_Ibcast", aborted_);
       return;
     case Collective::kReduce: {
       const bool isRoot = comm_.rank() == args.root;
       checkStarted(MPI_Ireduce(isRoot ? MPI_IN_PLACE : args.data, isRoot ? args.data : nullptr, count, mpiType(dtype),
                                mpiOp(dtype, op), args.root, comm, &request),
                    "MPI_Ireduce");
-      complete(request, args.deadline, "MPI_Ireduce");
+      complete(request, args.deadline, "MPI_Ireduce", aborted_);
       return;
     }
     case Collective::kAllgather: {
@@ -209,14 +210,14 @@ void MpiCollectives::run(Collective collective, const AlgorithmArgs& args, c10::
       checkStarted(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, args.data, asInt(args.count * args.elementSize),
                                   MPI_BYTE, comm, &request),
                    "MPI_Iallgather");
-      complete(request, args.deadline, "MPI_Iallgather");
+      complete(request, args.deadline, "MPI_Iallgather", aborted_);
       return;
     }
     case Collective::kReduceScatter: {
       checkStarted(MPI_Ireduce_scatter_block(MPI_IN_PLACE, args.data, count, mpiType(dtype), mpiOp(dtype, op), comm,
                                              &request),
                    "MPI_Ireduce_scatter_block");
-      complete(request, args.deadline, "MPI_Ireduce_scatter_block");
+      complete(request, args.deadline, "MPI_Ireduce_scatter_block", aborted_);
       // MPI leaves the result at the start of the buffer; the contract wants it in block `rank`.
       const size_t blockBytes = args.count * args.elementSize;
       if (comm_.rank() != 0 && blockBytes > 0) {
@@ -226,7 +227,7 @@ void MpiCollectives::run(Collective collective, const AlgorithmArgs& args, c10::
     }
     case Collective::kBarrier:
       checkStarted(MPI_Ibarrier(comm, &request), "MPI_Ibarrier");
-      complete(request, args.deadline, "MPI_Ibarrier");
+      complete(request, args.deadline, "MPI_Ibarrier", aborted_);
       return;
   }
 }
@@ -238,7 +239,7 @@ void MpiCollectives::gather(const ExchangeArgs& args) const {
   checkStarted(MPI_Igather(args.sendData + args.sendSpans[args.root].offset, bytes, MPI_BYTE,
                            isRoot ? args.recvData : nullptr, bytes, MPI_BYTE, args.root, commOf(comm_), &request),
                "MPI_Igather");
-  complete(request, args.deadline, "MPI_Igather");
+  complete(request, args.deadline, "MPI_Igather", aborted_);
 }
 
 void MpiCollectives::scatter(const ExchangeArgs& args) const {
@@ -249,7 +250,7 @@ void MpiCollectives::scatter(const ExchangeArgs& args) const {
                             args.recvData + args.recvSpans[args.root].offset, bytes, MPI_BYTE, args.root,
                             commOf(comm_), &request),
                "MPI_Iscatter");
-  complete(request, args.deadline, "MPI_Iscatter");
+  complete(request, args.deadline, "MPI_Iscatter", aborted_);
 }
 
 void MpiCollectives::alltoall(const ExchangeArgs& args) const {
@@ -259,7 +260,7 @@ void MpiCollectives::alltoall(const ExchangeArgs& args) const {
   checkStarted(MPI_Ialltoallv(args.sendData, send.counts.data(), send.displacements.data(), MPI_BYTE, args.recvData,
                               recv.counts.data(), recv.displacements.data(), MPI_BYTE, commOf(comm_), &request),
                "MPI_Ialltoallv");
-  complete(request, args.deadline, "MPI_Ialltoallv");
+  complete(request, args.deadline, "MPI_Ialltoallv", aborted_);
 }
 
 #else  // !DDPLITE_WITH_MPI: the backend never constructs an MpiCollectives in such a build.

@@ -21,6 +21,7 @@
 #include "rendezvous/mpi.hpp"
 
 #include <c10/core/ScalarType.h>
+#include <atomic>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 namespace ddplite::cpu {
@@ -39,9 +40,13 @@ class MpiCollectives {
   void gather(const ExchangeArgs& args) const;
   void scatter(const ExchangeArgs& args) const;
   void alltoall(const ExchangeArgs& args) const;
+  // Any thread: the op in flight and every later one raise TransportError(kAborted). (MPI cannot
+  // cancel a started collective; its request is abandoned with the group.)
+  void abort() { aborted_ = true; }
 
  private:
   mpi::GroupComm& comm_;  // owned by the backend
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace ddplite::cpu
