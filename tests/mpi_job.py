@@ -5,6 +5,7 @@ Every rank writes its result to OUT/rank<R>.pt (torch.save), which the test comp
           closed form and gloo on identical inputs) on the transport DDPLITE_CPU_TRANSPORT picks
   ddp     DDP through ddplite over mpi://, then again through gloo over mpi:// (the oracle)
   env     init_process_group("ddplite") with env:// and no MASTER_ADDR/RANK: found through MPI
+  groups  overlapping subgroups and new_subgroups with async ops in flight (groups_p2p.py)
   stall   rank 1 skips an all_reduce: rank 0 must fail within the group's timeout, not hang
 """
 
@@ -18,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import groups_p2p  # noqa: E402
 import sweeps  # noqa: E402
 import torch_ddp_lite  # noqa: E402
 import workers  # noqa: E402
@@ -61,6 +63,17 @@ def run_env(rank, size):
     return {"rank": dist.get_rank(), "size": dist.get_world_size(), **group_facts(), "sum": tensor}
 
 
+def run_groups(rank, size):
+    dist.init_process_group("ddplite", init_method="mpi://")
+    subgroup = dist.new_group(list(range(1, size)))
+    facts = {}
+    if rank >= 1:
+        transport, bootstrap = torch_ddp_lite._load_extension().group_transport(
+            subgroup._get_backend(torch.device("cpu")))
+        facts = {"subgroup transport": transport, "subgroup bootstrap": bootstrap}
+    return {**facts, "failures": groups_p2p.overlapping_groups(rank, size)}
+
+
 def run_stall(rank, size):
     dist.init_process_group("ddplite", init_method="mpi://", timeout=datetime.timedelta(seconds=5))
     dist.all_reduce(torch.ones(4))
@@ -75,7 +88,7 @@ def run_stall(rank, size):
     return result
 
 
-MODES = {"sweeps": run_sweeps, "ddp": run_ddp, "env": run_env, "stall": run_stall}
+MODES = {"sweeps": run_sweeps, "ddp": run_ddp, "env": run_env, "groups": run_groups, "stall": run_stall}
 
 
 def main():

@@ -87,6 +87,17 @@ def test_mpirun_ddp_matches_gloo(tmp_path, transport, ranks):
 
 
 @needs_mpirun
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_mpi_transport_on_overlapping_subgroups(tmp_path, ranks):
+    """A communicator per group (MPI_Comm_create_group), async ops in flight on two at once."""
+    results = mpirun("groups", ranks, tmp_path, "mpi")
+    for rank, result in enumerate(results):
+        assert result["failures"] == [], result["failures"]
+        if rank >= 1:
+            assert (result["subgroup transport"], result["subgroup bootstrap"]) == ("mpi", "mpi")
+
+
+@needs_mpirun
 @pytest.mark.parametrize("transport", ["tcp", "mpi"])
 def test_env_rendezvous_under_mpirun_needs_nothing_set(tmp_path, transport):
     results = mpirun("env", 3, tmp_path, transport)
