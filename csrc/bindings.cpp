@@ -4,6 +4,10 @@
 #include "cpu/algorithms/selector.hpp"
 #include "cpu/transport/net_iface.hpp"
 
+#if DDPLITE_WITH_NCCL
+#include "cuda/nccl_errors.hpp"
+#endif
+
 #include <pybind11/chrono.h>
 #include <torch/extension.h>
 
@@ -15,6 +19,25 @@
 #endif
 
 namespace py = pybind11;
+
+namespace {
+
+// build_info()["nccl"]: whether the CUDA path is compiled in, and against which NCCL.
+py::dict ncclBuildInfo() {
+#if DDPLITE_WITH_NCCL
+  const auto compiled = ddplite::nccl::compiledVersion();
+  return py::dict(py::arg("compiled_in") = true,
+                  py::arg("version") = py::make_tuple(compiled.major, compiled.minor, compiled.patch),
+                  py::arg("include") = std::string(DDPLITE_NCCL_INCLUDE),
+                  py::arg("library") = std::string(DDPLITE_NCCL_LIBRARY),
+                  py::arg("fp8") = static_cast<bool>(DDPLITE_NCCL_HAS_FP8),
+                  py::arg("multi_rank_gpu") = static_cast<bool>(DDPLITE_NCCL_HAS_MULTI_RANK_GPU));
+#else
+  return py::dict(py::arg("compiled_in") = false, py::arg("version") = py::none());
+#endif
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   // Registers c10d::Store and c10d::Backend with pybind; without it the types below are unknown.
@@ -33,9 +56,24 @@ PYBIND11_MODULE(_C, m) {
       [] {
         return py::dict(py::arg("compiler") = std::string(__VERSION__),
                         py::arg("flags") = std::string(DDPLITE_BUILD_FLAGS),
-                        py::arg("cplusplus") = static_cast<long>(__cplusplus));
+                        py::arg("cplusplus") = static_cast<long>(__cplusplus), py::arg("nccl") = ncclBuildInfo());
       },
-      "The compiler, the flags setup.py added and the C++ standard the extension was built with.");
+      "The compiler, the flags setup.py added, the C++ standard and the NCCL the extension was built with.");
+
+  m.def(
+      "nccl_version",
+      []() -> py::object {
+#if DDPLITE_WITH_NCCL
+        const auto compiled = ddplite::nccl::compiledVersion();
+        const auto loaded = ddplite::nccl::loadedVersion();
+        return py::dict(py::arg("compiled") = py::make_tuple(compiled.major, compiled.minor, compiled.patch),
+                        py::arg("loaded") = py::make_tuple(loaded.major, loaded.minor, loaded.patch),
+                        py::arg("compatible") = ddplite::nccl::loadedCanServeCompiled(loaded, compiled));
+#else
+        return py::none();
+#endif
+      },
+      "{'compiled', 'loaded', 'compatible'} NCCL versions (ncclGetVersion needs no GPU); None without NCCL.");
 
   m.def(
       "env_knobs",

@@ -57,6 +57,30 @@ def built_torch_version():
     return _load_extension().built_torch_version()
 
 
+def build_info():
+    """How the extension was built: compiler, flags, C++ standard, and ``nccl``
+    (``{"compiled_in": bool, "version": (major, minor, patch) or None, ...}``)."""
+    return dict(_load_extension().build_info())
+
+
+def nccl_version():
+    """The NCCL of ddplite's CUDA path: ``{"compiled": (2, 28, 9), "loaded": (2, 28, 9),
+    "compatible": True}``. ``compiled`` is the nccl.h the extension was built against, ``loaded``
+    what ``ncclGetVersion()`` of the libnccl.so.2 in this process reports (torch's; no GPU needed).
+    ``compatible`` is False when the loaded NCCL has another major version or is older than the
+    header; the first CUDA collective then fails with a DistBackendError saying so.
+
+    Raises RuntimeError when the extension was built without NCCL.
+    """
+    versions = _load_extension().nccl_version()
+    if versions is None:
+        raise RuntimeError(
+            "torch_ddp_lite was built without NCCL (setup.py needs a CUDA build of torch, nccl.h and "
+            "libnccl.so.2), so CUDA tensors are not supported by this build; " + _REBUILD_HINT
+        )
+    return dict(versions)
+
+
 def env_knobs():
     """Every DDPLITE_* environment variable as a list of (name, default, help)."""
     return [tuple(knob) for knob in _load_extension().env_knobs()]
@@ -97,9 +121,11 @@ __all__ = [
     "BACKEND_NAME",
     "__version__",
     "available_algorithms",
+    "build_info",
     "built_torch_version",
     "env_knobs",
     "get_algorithms",
+    "nccl_version",
     "register_backend",
     "set_algorithm",
     "set_algorithms",

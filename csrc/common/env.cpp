@@ -14,6 +14,7 @@ constexpr const char* kRingSegmentBytes = "DDPLITE_RING_SEGMENT_BYTES";
 constexpr const char* kTreeChunkBytes = "DDPLITE_TREE_CHUNK_BYTES";
 constexpr const char* kSocketBufferBytes = "DDPLITE_SOCKET_BUFFER_BYTES";
 constexpr const char* kAlgo = "DDPLITE_ALGO";
+constexpr const char* kCudaStaging = "DDPLITE_CUDA_STAGING";
 
 const char* rawValue(const char* name) {
   const char* value = std::getenv(name);
@@ -48,6 +49,9 @@ const std::vector<Knob>& allKnobs() {
       {kAlgo, "",
        "Pin CPU algorithms, e.g. 'allreduce:ring,broadcast:tree' (collective:algorithm, comma-separated; "
        "'auto' for the size-based choice). Must be the same on every rank"},
+      {kCudaStaging, "auto",
+       "CUDA tensors: 'auto' uses NCCL except on a GPU shared by two ranks (then host memory + CPU transport, "
+       "with a warning); 'always' stages every CUDA op; 'never' raises instead of staging. Same on every rank"},
   };
   return knobs;
 }
@@ -93,6 +97,14 @@ int64_t socketBufferBytes() {
 std::string algorithmSpec() {
   const char* value = rawValue(kAlgo);
   return value != nullptr ? value : "";
+}
+
+CudaStaging cudaStaging() {
+  const char* value = rawValue(kCudaStaging);
+  if (value == nullptr) return CudaStaging::kAuto;
+  if (strcasecmp(value, "always") == 0) return CudaStaging::kAlways;
+  if (strcasecmp(value, "never") == 0) return CudaStaging::kNever;
+  return CudaStaging::kAuto;
 }
 
 }  // namespace ddplite::env

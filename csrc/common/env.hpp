@@ -37,4 +37,10 @@ int64_t socketBufferBytes();
 // cpu/algorithms/selector.cpp.
 std::string algorithmSpec();
 
+// DDPLITE_CUDA_STAGING: how CUDA tensors travel when NCCL cannot serve the group.
+//   kAuto: NCCL, except on a GPU two ranks share (then through host memory, with a warning);
+//   kAlways: always through host memory and the CPU transport; kNever: NCCL or an error.
+enum class CudaStaging { kAuto, kAlways, kNever };
+CudaStaging cudaStaging();
+
 }  // namespace ddplite::env
