@@ -420,7 +420,9 @@ c10::intrusive_ptr<c10d::Work> NcclPath::recv(std::vector<at::Tensor>& tensors, 
   return launch(state, call, [&](const Launch& l) { nccl::recv(l, tensor, srcRank); });
 }
 
-c10::intrusive_ptr<c10d::Work> NcclPath::barrier(at::Device device, const c10d::BarrierOptions& opts) {
+c10::intrusive_ptr<c10d::Work> NcclPath::barrier(at::Device requested, const c10d::BarrierOptions& opts) {
+  // torch may name "cuda" without an index: that means the current device.
+  const at::Device device = requested.has_index() ? requested : at::Device(at::kCUDA, c10::cuda::current_device());
   DeviceState& state = stateFor("barrier", device);
   if (state.staged) return staged_.barrier(device, opts);
   // As torch does: a one-element allreduce, allocated on the caller's stream (the NCCL stream
