@@ -3,6 +3,11 @@
 Install with ``pip install --no-build-isolation -e .`` (an isolated build would compile against a
 different torch than the one that imports the extension, and the C++ ABI is not stable across
 torch versions). ``scripts/setup.sh`` does this idempotently.
+
+NCCL (CUDA tensors, docs/gpu.md) is compiled in only when all three are found: a CUDA build of
+torch, ``nccl.h`` and ``libnccl.so.2``. Otherwise the extension is CPU-only and says so in
+``build_info()``. The extension stays a plain CppExtension either way: the CUDA path calls the
+host APIs of NCCL and the CUDA runtime only, so g++ compiles it and nvcc is not needed.
 """
 import glob
 import os
@@ -12,15 +17,50 @@ import subprocess
 
 import torch
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(ROOT, "csrc")
 
 
-def sources():
+def nccl_wheel_folder():
+    """site-packages/nvidia/nccl of the nvidia-nccl-cu* wheel torch depends on, or None."""
+    try:
+        import nvidia.nccl
+    except ImportError:
+        return None
+    folders = list(getattr(nvidia.nccl, "__path__", []))
+    return folders[0] if folders else None
+
+
+def find_nccl():
+    """(include folder, library folder) of the NCCL to build against, or None, with the reason.
+
+    Order: DDPLITE_NCCL_HOME (include/ and lib/ under it), then the nvidia-nccl wheel (the very
+    libnccl.so.2 torch loads), then the header in CUDA_HOME with the wheel's or CUDA's library.
+    """
+    if not torch.version.cuda:
+        return None, "torch is a CPU-only build"
+    wheel = nccl_wheel_folder()
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    candidates = []
+    if os.environ.get("DDPLITE_NCCL_HOME"):
+        home = os.environ["DDPLITE_NCCL_HOME"]
+        candidates.append((os.path.join(home, "include"), os.path.join(home, "lib")))
+    if wheel:
+        candidates.append((os.path.join(wheel, "include"), os.path.join(wheel, "lib")))
+        candidates.append((os.path.join(cuda_home, "include"), os.path.join(wheel, "lib")))
+    candidates.append((os.path.join(cuda_home, "include"), os.path.join(cuda_home, "lib64")))
+    for include, lib in candidates:
+        if os.path.isfile(os.path.join(include, "nccl.h")) and os.path.isfile(os.path.join(lib, "libnccl.so.2")):
+            return (include, lib), ""
+    return None, "no nccl.h with a libnccl.so.2 next to it (set DDPLITE_NCCL_HOME)"
+
+
+def sources(with_nccl):
     found = []
-    for folder in ("common", "rendezvous", "cpu", "backend"):
+    folders = ["common", "rendezvous", "cpu", "backend"] + (["cuda"] if with_nccl else [])
+    for folder in folders:
         found += glob.glob(os.path.join("csrc", folder, "**", "*.cpp"), recursive=True)
     return sorted(found) + [os.path.join("csrc", "bindings.cpp")]
 
@@ -58,13 +98,44 @@ def mpi_flags():
 MPI = mpi_flags()
 print(f"ddplite: building {'with MPI (' + ' '.join(MPI[1]) + ')' if MPI else 'without MPI (mpicxx not found)'}")
 
+nccl, nccl_reason = find_nccl()
+include_dirs = [CSRC]
+library_dirs = []
+libraries = []
+link_args = []
+nccl_flags = []
+if nccl:
+    nccl_include, nccl_lib = nccl
+    cuda_torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    # CUDA headers (cuda_runtime_api.h) come from the toolkit; torch's own include folders are
+    # added by CppExtension.
+    include_dirs += [nccl_include] + [p for p in include_paths("cuda") if p not in include_paths("cpu")]
+    library_dirs += [nccl_lib, cuda_torch_lib, os.path.join(cuda_home, "lib64")]
+    # NCCL is linked by soname (-l:libnccl.so.2; the wheel ships no libnccl.so symlink) rather than
+    # dlopen'ed: libtorch_cuda.so has the same DT_NEEDED entry, so at run time the loader reuses
+    # the libnccl.so.2 torch already loaded (one NCCL in the process, as pytorch#119932 asks);
+    # the rpath only matters if the extension were loaded before torch. cudart is linked by its
+    # soname libcudart.so.13, which torch loads from the nvidia-cuda-runtime wheel.
+    libraries += ["c10_cuda", "torch_cuda", "cudart"]
+    link_args += ["-l:libnccl.so.2", f"-Wl,-rpath,{nccl_lib}"]
+    # -Wno-interference-size: c10/cuda/CUDAEvent.h trips it with every g++ >= 12.
+    nccl_flags = ["-DDDPLITE_WITH_NCCL=1", "-Wno-interference-size", f'-DDDPLITE_NCCL_INCLUDE="{nccl_include}"',
+                  f'-DDDPLITE_NCCL_LIBRARY="{os.path.join(nccl_lib, "libnccl.so.2")}"']
+    print(f"ddplite: building with NCCL ({nccl_include}/nccl.h, {nccl_lib}/libnccl.so.2)")
+else:
+    print(f"ddplite: building without NCCL ({nccl_reason}); CUDA tensors are unsupported in this build")
+
+
 extension = CppExtension(
     name="torch_ddp_lite._C",
-    sources=sources(),
-    include_dirs=[CSRC],
-    extra_link_args=MPI[1] if MPI else [],
+    sources=sources(nccl is not None),
+    include_dirs=include_dirs,
+    library_dirs=library_dirs,
+    libraries=libraries,
+    extra_link_args=link_args + (MPI[1] if MPI else []),
     extra_compile_args={
-        "cxx": OPTIMISATION_FLAGS + (MPI[0] + ["-DDDPLITE_WITH_MPI=1"] if MPI else []) + [
+        "cxx": OPTIMISATION_FLAGS + nccl_flags + (MPI[0] + ["-DDDPLITE_WITH_MPI=1"] if MPI else []) + [
             f'-DDDPLITE_TORCH_VERSION="{torch.__version__}"',
             # Recorded in the binary for collect_env (torch adds its own flags around these).
             f'-DDDPLITE_BUILD_FLAGS="{" ".join(OPTIMISATION_FLAGS)}"',

@@ -5,6 +5,10 @@
 #include "cpu/transport/net_iface.hpp"
 #include "rendezvous/mpi.hpp"
 
+#if DDPLITE_WITH_NCCL
+#include "cuda/nccl_errors.hpp"
+#endif
+
 #include <pybind11/chrono.h>
 #include <torch/extension.h>
 
@@ -16,6 +20,25 @@
 #endif
 
 namespace py = pybind11;
+
+namespace {
+
+// build_info()["nccl"]: whether the CUDA path is compiled in, and against which NCCL.
+py::dict ncclBuildInfo() {
+#if DDPLITE_WITH_NCCL
+  const auto compiled = ddplite::nccl::compiledVersion();
+  return py::dict(py::arg("compiled_in") = true,
+                  py::arg("version") = py::make_tuple(compiled.major, compiled.minor, compiled.patch),
+                  py::arg("include") = std::string(DDPLITE_NCCL_INCLUDE),
+                  py::arg("library") = std::string(DDPLITE_NCCL_LIBRARY),
+                  py::arg("fp8") = static_cast<bool>(DDPLITE_NCCL_HAS_FP8),
+                  py::arg("multi_rank_gpu") = static_cast<bool>(DDPLITE_NCCL_HAS_MULTI_RANK_GPU));
+#else
+  return py::dict(py::arg("compiled_in") = false, py::arg("version") = py::none());
+#endif
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   // Registers c10d::Store and c10d::Backend with pybind; without it the types below are unknown.
@@ -37,10 +60,10 @@ PYBIND11_MODULE(_C, m) {
                         py::arg("cplusplus") = static_cast<long>(__cplusplus),
                         py::arg("mpi") = ddplite::mpi::compiledIn(),
                         py::arg("mpi_library") = ddplite::mpi::libraryVersion(),
-                        py::arg("mpi_standard") = ddplite::mpi::standardVersion());
+                        py::arg("mpi_standard") = ddplite::mpi::standardVersion(), py::arg("nccl") = ncclBuildInfo());
       },
-      "The compiler, the flags setup.py added, the C++ standard, and whether MPI was compiled in "
-      "(with its library and standard versions).");
+      "The compiler, the flags setup.py added, the C++ standard, whether MPI was compiled in (with its "
+      "library and standard versions) and the NCCL the extension was built with.");
 
   // MPI (rendezvous/mpi.hpp). Without MPI compiled in these raise RuntimeError with a rebuild hint.
   m.def("mpi_init_world", &ddplite::mpi::initWorld, py::call_guard<py::gil_scoped_release>(),
@@ -84,6 +107,21 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("backend"), py::arg("key"), py::arg("blob"), py::arg("root"),
       "Runs the group's set-up broadcast (what carries the NCCL unique id); collective over the group.");
+
+  m.def(
+      "nccl_version",
+      []() -> py::object {
+#if DDPLITE_WITH_NCCL
+        const auto compiled = ddplite::nccl::compiledVersion();
+        const auto loaded = ddplite::nccl::loadedVersion();
+        return py::dict(py::arg("compiled") = py::make_tuple(compiled.major, compiled.minor, compiled.patch),
+                        py::arg("loaded") = py::make_tuple(loaded.major, loaded.minor, loaded.patch),
+                        py::arg("compatible") = ddplite::nccl::loadedCanServeCompiled(loaded, compiled));
+#else
+        return py::none();
+#endif
+      },
+      "{'compiled', 'loaded', 'compatible'} NCCL versions (ncclGetVersion needs no GPU); None without NCCL.");
 
   m.def(
       "env_knobs",

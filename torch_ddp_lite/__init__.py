@@ -62,9 +62,28 @@ def built_torch_version():
 
 
 def build_info():
-    """How the extension was built: compiler, flags, C++ standard, and whether MPI was compiled in
-    (``mpi``, ``mpi_library``, ``mpi_standard``)."""
+    """How the extension was built: compiler, flags, C++ standard; ``mpi`` (bool), ``mpi_library``
+    and ``mpi_standard``; and ``nccl`` (``{"compiled_in": bool, "version": (major, minor, patch)
+    or None, ...}``)."""
     return dict(_load_extension().build_info())
+
+
+def nccl_version():
+    """The NCCL of ddplite's CUDA path: ``{"compiled": (2, 28, 9), "loaded": (2, 28, 9),
+    "compatible": True}``. ``compiled`` is the nccl.h the extension was built against, ``loaded``
+    what ``ncclGetVersion()`` of the libnccl.so.2 in this process reports (torch's; no GPU needed).
+    ``compatible`` is False when the loaded NCCL has another major version or is older than the
+    header; the first CUDA collective then fails with a DistBackendError saying so.
+
+    Raises RuntimeError when the extension was built without NCCL.
+    """
+    versions = _load_extension().nccl_version()
+    if versions is None:
+        raise RuntimeError(
+            "torch_ddp_lite was built without NCCL (setup.py needs a CUDA build of torch, nccl.h and "
+            "libnccl.so.2), so CUDA tensors are not supported by this build; " + _REBUILD_HINT
+        )
+    return dict(versions)
 
 
 def env_knobs():
@@ -111,6 +130,7 @@ __all__ = [
     "built_torch_version",
     "env_knobs",
     "get_algorithms",
+    "nccl_version",
     "register_backend",
     "set_algorithm",
     "set_algorithms",

@@ -74,8 +74,19 @@ def nccl_section():
     return {
         "NCCL used by torch": torch_nccl_version(),
         "libnccl.so.2 loaded": loaded_nccl_version(),
-        "ddplite NCCL": "not compiled in (ddplite's CUDA path is not implemented yet)",
+        "ddplite NCCL": ddplite_nccl_text(),
     }
+
+
+def ddplite_nccl_text():
+    """ddplite's own NCCL: the header it was compiled against and the library loaded at run time."""
+    try:
+        versions = torch_ddp_lite.nccl_version()
+    except RuntimeError:
+        return "not compiled in (this build has no CUDA path)"
+    compiled, loaded = (".".join(map(str, versions[key])) for key in ("compiled", "loaded"))
+    verdict = "compatible" if versions["compatible"] else "INCOMPATIBLE: rebuild ddplite against the loaded NCCL"
+    return f"compiled {compiled}, loaded {loaded} ({verdict})"
 
 
 def torch_nccl_version():
@@ -150,7 +161,8 @@ def ddplite_section():
         "CPU algorithms": "; ".join(f"{op}: {', '.join(names)}"
                                     for op, names in torch_ddp_lite.available_algorithms().items()),
         "CPU algorithm pins": ", ".join(f"{op}:{name}" for op, name in torch_ddp_lite.get_algorithms().items()),
-        "CUDA": "not implemented yet (CUDA tensors raise NotImplementedError)",
+        "CUDA": ("NCCL path compiled in (docs/gpu.md)" if build["nccl"]["compiled_in"]
+                 else "not compiled in (CUDA tensors raise NotImplementedError)"),
     }
     for name, default, _ in torch_ddp_lite.env_knobs():
         section[name] = f"{os.environ[name]} (set)" if name in os.environ else f"{default or 'unset'} (default)"

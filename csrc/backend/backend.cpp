@@ -90,6 +90,8 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   const Deadline connectBy = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
   transport_ = TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy);
   p2p_ = std::make_unique<cpu::P2pEngine>(TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "p2p/"));
+  cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
+                                      [this](std::chrono::milliseconds t) { return resolveTimeout(t); }});
   worker_ = std::make_unique<Worker>();
   DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " ready (timeout ", timeoutMs_.load(), " ms, CPU collectives over ",
               cpuTransportName(), ", bootstrap over ", bootstrap_->name(), ")");
@@ -144,13 +146,16 @@ OpContext DdpliteBackend::nextContext(const char* op) const {
   return OpContext{rank_, size_, op, seq_.load() + 1};
 }
 
-void DdpliteBackend::dispatchDevice(const OpContext& ctx, const at::Tensor& tensor) const {
-  if (tensor.device().is_cuda()) {
+bool DdpliteBackend::routesToCuda(const OpContext& ctx, const at::Tensor& tensor) const {
+  if (!tensor.device().is_cuda()) return false;
+  if (!cuda_) {
     C10_THROW_ERROR(NotImplementedError,
-                    strCat(ctx.describe(), ": CUDA tensors are not supported by ddplite yet (the NCCL path is "
-                           "being built)\nHint: move the tensor to the CPU, or use "
-                           "backend=\"cpu:ddplite,cuda:nccl\""));
+                    strCat(ctx.describe(), ": CUDA tensors need NCCL, and this ddplite build has none (setup.py "
+                           "found no CUDA torch, nccl.h or libnccl.so.2; torch_ddp_lite.build_info()['nccl'] says "
+                           "which)\nHint: rebuild where the CUDA toolkit and the nvidia-nccl wheel are installed, move "
+                           "the tensor to the CPU, or use backend=\"cpu:ddplite,cuda:nccl\""));
   }
+  return true;
 }
 
 std::chrono::milliseconds DdpliteBackend::resolveTimeout(std::chrono::milliseconds requested) const {
@@ -227,12 +232,14 @@ void DdpliteBackend::throwIfBroken(const OpContext& ctx) {
 void DdpliteBackend::abort() {
   markBroken(strCat("abort() was called on rank ", rank_));
   if (mpiCollectives_) mpiCollectives_->abort();
+  if (cuda_) cuda_->abort();
   transport_->abort();
   p2p_->abort();
 }
 
 void DdpliteBackend::shutdown() {
   if (closed_.exchange(true)) return;
+  if (cuda_) cuda_->shutdown();  // drains CUDA work first; staged ops finish on the worker below
   worker_->drainAndStop();
   markBroken(strCat("the process group was shut down on rank ", rank_));
   transport_->abort();
@@ -246,7 +253,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::broadcast(std::vector<at::Tensor>
   const OpContext ctx = nextContext("broadcast");
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "broadcast");
   validation::checkRoot(ctx, opts.rootRank);
-  dispatchDevice(ctx, tensor);
+  if (routesToCuda(ctx, tensor)) return cuda_->broadcast(tensors, opts);
   const int root = static_cast<int>(opts.rootRank);
   return enqueue(ctx, OpType::BROADCAST, {tensor}, resolveTimeout(opts.timeout),
                  [tensor, root](const cpu::CpuContext& cpu) mutable { cpu::broadcast(cpu, tensor, root); });
@@ -257,7 +264,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allreduce(std::vector<at::Tensor>
   const OpContext ctx = nextContext("allreduce");
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "allreduce");
   validation::checkReduceOp(ctx, tensor, opts.reduceOp);
-  dispatchDevice(ctx, tensor);
+  if (routesToCuda(ctx, tensor)) return cuda_->allreduce(tensors, opts);
   const c10d::ReduceOp op = opts.reduceOp;
   return enqueue(ctx, OpType::ALLREDUCE, {tensor}, resolveTimeout(opts.timeout),
                  [tensor, op](const cpu::CpuContext& cpu) mutable { cpu::allreduce(cpu, tensor, op); });
@@ -269,7 +276,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce(std::vector<at::Tensor>& t
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "reduce");
   validation::checkRoot(ctx, opts.rootRank);
   validation::checkReduceOp(ctx, tensor, opts.reduceOp);
-  dispatchDevice(ctx, tensor);
+  if (routesToCuda(ctx, tensor)) return cuda_->reduce(tensors, opts);
   const int root = static_cast<int>(opts.rootRank);
   const c10d::ReduceOp op = opts.reduceOp;
   return enqueue(ctx, OpType::REDUCE, {tensor}, resolveTimeout(opts.timeout),
@@ -293,7 +300,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allgather(std::vector<std::vector
   targets.push_back(input);
   validation::checkSameDevice(ctx, targets);
   targets.pop_back();
-  dispatchDevice(ctx, input);
+  if (routesToCuda(ctx, input)) return cuda_->allgather(outputs, inputs, opts);
   return enqueue(ctx, OpType::ALLGATHER, targets, resolveTimeout(opts.timeout),
                  [input, targets](const cpu::CpuContext& cpu) mutable { cpu::allgatherList(cpu, input, targets); });
 }
@@ -311,7 +318,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::_allgather_base(at::Tensor& outpu
                     "allocate the output as torch.empty(world_size * input.numel(), dtype=input.dtype)");
   }
   validation::checkSameDevice(ctx, {input, output});
-  dispatchDevice(ctx, input);
+  if (routesToCuda(ctx, input)) return cuda_->_allgather_base(output, input, opts);
   at::Tensor in = input;
   at::Tensor out = output;
   return enqueue(ctx, OpType::_ALLGATHER_BASE, {out}, resolveTimeout(opts.timeout),
@@ -319,8 +326,13 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::_allgather_base(at::Tensor& outpu
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::barrier(const c10d::BarrierOptions& opts) {
-  // A barrier carries no data, so it always runs on the CPU transport, whatever opts.device says.
+  // A barrier carries no data: it runs on the CPU transport unless it names a GPU (device_ids,
+  // or a CUDA opts.device), which makes it a one-element NCCL allreduce as in torch.
   const OpContext ctx = nextContext("barrier");
+  if (cuda_ && (!opts.device_ids.empty() || (opts.device && opts.device->is_cuda()))) {
+    const auto index = opts.device_ids.empty() ? opts.device->index() : opts.device_ids.front();
+    return cuda_->barrier(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)), opts);
+  }
   return enqueue(ctx, OpType::BARRIER, {}, resolveTimeout(opts.timeout),
                  [](const cpu::CpuContext& cpu) { cpu::barrier(cpu); });
 }
@@ -330,7 +342,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allreduce_coalesced(std::vector<a
   const OpContext ctx = nextContext("allreduce_coalesced");
   validation::checkNonEmptyList(ctx, tensors, "allreduce_coalesced");
   for (const auto& tensor : tensors) validation::checkReduceOp(ctx, tensor, opts.reduceOp);
-  dispatchDevice(ctx, tensors.front());
+  if (routesToCuda(ctx, tensors.front())) return cuda_->allreduce_coalesced(tensors, opts);
   const c10d::ReduceOp op = opts.reduceOp;
   return enqueue(ctx, OpType::COALESCED, tensors, resolveTimeout(opts.timeout),
                  [tensors, op](const cpu::CpuContext& cpu) mutable { cpu::allreduceCoalesced(cpu, tensors, op); });
@@ -341,7 +353,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allgather_into_tensor_coalesced(s
                                                                                const c10d::AllgatherOptions& opts) {
   const OpContext ctx = nextContext("allgather_into_tensor_coalesced");
   validation::checkCoalescedPairs(ctx, inputs, outputs, /*inputScale=*/size_, /*outputScale=*/1);
-  dispatchDevice(ctx, inputs.front());
+  if (routesToCuda(ctx, inputs.front())) return cuda_->allgather_into_tensor_coalesced(outputs, inputs, opts);
   return enqueue(ctx, OpType::COALESCED, outputs, resolveTimeout(opts.timeout),
                  [inputs, outputs](const cpu::CpuContext& cpu) mutable {
                    for (size_t i = 0; i < inputs.size(); ++i) cpu::allgatherInto(cpu, inputs[i], outputs[i]);
@@ -363,7 +375,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce_scatter(std::vector<at::Te
   std::vector<at::Tensor> all = inputs[0];
   all.push_back(output);
   validation::checkSameDevice(ctx, all);
-  dispatchDevice(ctx, output);
+  if (routesToCuda(ctx, output)) return cuda_->reduce_scatter(outputs, inputs, opts);
   const std::vector<at::Tensor> list = inputs[0];
   const c10d::ReduceOp op = opts.reduceOp;
   return enqueue(ctx, OpType::REDUCE_SCATTER, {output}, resolveTimeout(opts.timeout),
@@ -384,7 +396,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::_reduce_scatter_base(at::Tensor& 
   }
   validation::checkReduceOp(ctx, output, opts.reduceOp);
   validation::checkSameDevice(ctx, {input, output});
-  dispatchDevice(ctx, input);
+  if (routesToCuda(ctx, input)) return cuda_->_reduce_scatter_base(output, input, opts);
   at::Tensor in = input;
   at::Tensor out = output;
   const c10d::ReduceOp op = opts.reduceOp;
@@ -398,7 +410,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce_scatter_tensor_coalesced(s
   const OpContext ctx = nextContext("reduce_scatter_tensor_coalesced");
   validation::checkCoalescedPairs(ctx, inputs, outputs, /*inputScale=*/1, /*outputScale=*/size_);
   for (const auto& output : outputs) validation::checkReduceOp(ctx, output, opts.reduceOp);
-  dispatchDevice(ctx, inputs.front());
+  if (routesToCuda(ctx, inputs.front())) return cuda_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   const c10d::ReduceOp op = opts.reduceOp;
   return enqueue(ctx, OpType::COALESCED, outputs, resolveTimeout(opts.timeout),
                  [inputs, outputs, op](const cpu::CpuContext& cpu) mutable {
@@ -414,7 +426,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::gather(std::vector<std::vector<at
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> targets =
       validation::rootOnlyList(ctx, outputs, rank_ == root, input, "gather_list", "destination");
-  dispatchDevice(ctx, input);
+  if (routesToCuda(ctx, input)) return cuda_->gather(outputs, inputs, opts);
   return enqueue(ctx, OpType::GATHER, targets, resolveTimeout(opts.timeout),
                  [input, targets, root](const cpu::CpuContext& cpu) mutable { cpu::gather(cpu, input, targets, root); });
 }
@@ -428,7 +440,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::scatter(std::vector<at::Tensor>& 
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> sources =
       validation::rootOnlyList(ctx, inputs, rank_ == root, output, "scatter_list", "source");
-  dispatchDevice(ctx, output);
+  if (routesToCuda(ctx, output)) return cuda_->scatter(outputs, inputs, opts);
   return enqueue(ctx, OpType::SCATTER, {output}, resolveTimeout(opts.timeout),
                  [sources, output, root](const cpu::CpuContext& cpu) mutable { cpu::scatter(cpu, sources, output, root); });
 }
@@ -447,7 +459,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::alltoall_base(at::Tensor& output,
   validation::checkSplits(ctx, input, inputSplitSizes, "input");
   validation::checkSplits(ctx, output, outputSplitSizes, "output");
   validation::checkSameDevice(ctx, {input, output});
-  dispatchDevice(ctx, input);
+  if (routesToCuda(ctx, input)) return cuda_->alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
   at::Tensor in = input;
   at::Tensor out = output;
   std::vector<int64_t> inSplits = inputSplitSizes;
@@ -475,7 +487,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::alltoall(std::vector<at::Tensor>&
                       "use one dtype for every tensor of an all_to_all");
     }
   }
-  dispatchDevice(ctx, inputs.front());
+  if (routesToCuda(ctx, inputs.front())) return cuda_->alltoall(outputs, inputs, opts);
   return enqueue(ctx, OpType::ALLTOALL, outputs, resolveTimeout(opts.timeout),
                  [inputs, outputs](const cpu::CpuContext& cpu) mutable { cpu::alltoallList(cpu, inputs, outputs); });
 }
@@ -490,7 +502,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::send(std::vector<at::Tensor>& ten
   const OpContext ctx = nextP2pContext("send");
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "send");
   validation::checkPeer(ctx, dstRank, "send to");
-  dispatchDevice(ctx, tensor);
+  if (routesToCuda(ctx, tensor)) return cuda_->send(tensors, dstRank, tag);
   auto work = c10::make_intrusive<DdpliteWork>(ctx, OpType::SEND, std::vector<at::Tensor>{tensor});
   p2p_->send(dstRank, tag, tensor.contiguous(), Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
              [work, ctx](std::exception_ptr error, int source) {
@@ -513,7 +525,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
   const OpContext ctx = nextP2pContext(op);
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "recv");
   if (srcRank != cpu::P2pEngine::kAnySource) validation::checkPeer(ctx, srcRank, "receive from");
-  dispatchDevice(ctx, tensor);
+  if (routesToCuda(ctx, tensor)) return cuda_->recv(tensors, srcRank, tag);
   auto work = c10::make_intrusive<DdpliteWork>(
       ctx, srcRank == cpu::P2pEngine::kAnySource ? OpType::RECVANYSOURCE : OpType::RECV, std::vector<at::Tensor>{tensor});
   // The engine fills a contiguous tensor; a strided one gets its copy on the engine thread.

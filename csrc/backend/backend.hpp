@@ -3,8 +3,9 @@
 // One object serves CPU and CUDA tensors of one process group (torch registers the same object
 // for both devices). Every collective is validated on the caller's thread, given the group's next
 // sequence number, and queued to the worker thread, which runs it through the CPU transport and
-// completes its Work; send/recv go through the P2P engine instead. CUDA tensors are refused
-// until the NCCL path lands (dispatchDevice).
+// completes its Work; send/recv go through the P2P engine instead. Calls on CUDA tensors are
+// validated here, then handed to the CUDA path (cuda/cuda_path.hpp: the group's own NCCL
+// communicator, or host staging on a shared GPU), which shares the group's sequence numbers.
 //
 // Failure model: the first transport failure (peer closed, timeout, I/O error) records its cause
 // in the store, aborts this rank's connections (so peers fail promptly instead of hanging) and
@@ -19,6 +20,7 @@
 #include "cpu/mpi_collectives.hpp"
 #include "cpu/p2p_engine.hpp"
 #include "cpu/transport/transport.hpp"
+#include "cuda/cuda_path.hpp"
 #include "rendezvous/bootstrap.hpp"
 #include "rendezvous/mpi.hpp"
 #include "rendezvous/store.hpp"
@@ -102,8 +104,9 @@ class DdpliteBackend final : public c10d::Backend {
 
   // Context for messages about the op about to be issued (its sequence number is the next one).
   OpContext nextContext(const char* op) const;
-  // Refuses devices the backend cannot serve yet.
-  void dispatchDevice(const OpContext& ctx, const at::Tensor& tensor) const;
+  // True for CUDA tensors (the caller hands the call to cuda_); NotImplementedError for CUDA
+  // tensors in a build without NCCL.
+  bool routesToCuda(const OpContext& ctx, const at::Tensor& tensor) const;
   std::chrono::milliseconds resolveTimeout(std::chrono::milliseconds requested) const;
   c10::intrusive_ptr<c10d::Work> enqueue(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
                                          std::chrono::milliseconds timeout, CpuBody body);
@@ -121,7 +124,7 @@ class DdpliteBackend final : public c10d::Backend {
   std::atomic<int64_t> timeoutMs_;
   std::unique_ptr<mpi::GroupComm> mpiComm_;              // null unless one MPI job
   std::unique_ptr<cpu::MpiCollectives> mpiCollectives_;  // null unless DDPLITE_CPU_TRANSPORT=mpi
-  std::unique_ptr<Bootstrap> bootstrap_;
+  std::unique_ptr<Bootstrap> bootstrap_;  // NCCL unique id and device ids: MPI in one MPI job, else the store
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<cpu::P2pEngine> p2p_;
   std::atomic<uint64_t> p2pSeq_{0};
@@ -132,6 +135,8 @@ class DdpliteBackend final : public c10d::Backend {
 
   std::mutex brokenMutex_;
   std::string brokenReason_;    // non-empty once the group is unusable
+
+  std::unique_ptr<CudaPath> cuda_;        // null in builds without NCCL
 
   std::atomic<bool> closed_{false};
   std::unique_ptr<Worker> worker_;  // last member: its thread uses everything above

@@ -6,6 +6,14 @@
 
 namespace ddplite::validation {
 
+namespace {
+// float8 exists only on the CUDA path (NCCL >= 2.24; cuda/cuda_collectives.cpp checks the build).
+bool isCudaOnlyDtype(const at::Tensor& tensor) {
+  return tensor.device().is_cuda() &&
+         (tensor.scalar_type() == c10::kFloat8_e4m3fn || tensor.scalar_type() == c10::kFloat8_e5m2);
+}
+}  // namespace
+
 const at::Tensor& singleTensor(const OpContext& ctx, const std::vector<at::Tensor>& tensors, const char* what) {
   if (tensors.size() != 1) {
     throwValueError(ctx, strCat("expected exactly one ", what, " tensor per process, got ", tensors.size()),
@@ -23,9 +31,10 @@ void checkTensor(const OpContext& ctx, const at::Tensor& tensor, const char* wha
     throwValueError(ctx, strCat("the ", what, " tensor is ", tensor.layout(), "; ddplite supports dense tensors only"),
                     "convert it with tensor.to_dense() (sparse gradients: use a dense embedding, or gloo)");
   }
-  if (!cpu::isSupportedDtype(tensor.scalar_type())) {
+  if (!cpu::isSupportedDtype(tensor.scalar_type()) && !isCudaOnlyDtype(tensor)) {
     throwValueError(ctx, strCat("dtype ", tensor.scalar_type(), " of the ", what, " tensor is not supported"),
-                    "supported dtypes: float32, float64, float16, bfloat16, int8, uint8, int32, int64, bool");
+                    "supported dtypes: float32, float64, float16, bfloat16, int8, uint8, int32, int64, bool "
+                    "(and float8 e4m3fn/e5m2 on CUDA)");
   }
   if (!tensor.device().is_cpu() && !tensor.device().is_cuda()) {
     throwValueError(ctx, strCat("the ", what, " tensor is on ", tensor.device(), "; ddplite serves cpu and cuda"),
@@ -42,6 +51,7 @@ void checkRoot(const OpContext& ctx, int64_t root) {
 }
 
 void checkReduceOp(const OpContext& ctx, const at::Tensor& tensor, const c10d::ReduceOp& op) {
+  if (isCudaOnlyDtype(tensor)) return;  // the CUDA path checks float8 ops against NCCL
   std::string problem = cpu::reduceOpProblem(tensor.scalar_type(), op.op_);
   if (!problem.empty()) {
     throwValueError(ctx, problem, "choose a ReduceOp defined for this dtype, or convert the tensor");

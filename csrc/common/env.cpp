@@ -15,6 +15,7 @@ constexpr const char* kTreeChunkBytes = "DDPLITE_TREE_CHUNK_BYTES";
 constexpr const char* kSocketBufferBytes = "DDPLITE_SOCKET_BUFFER_BYTES";
 constexpr const char* kAlgo = "DDPLITE_ALGO";
 constexpr const char* kCpuTransport = "DDPLITE_CPU_TRANSPORT";
+constexpr const char* kCudaStaging = "DDPLITE_CUDA_STAGING";
 
 const char* rawValue(const char* name) {
   const char* value = std::getenv(name);
@@ -53,6 +54,9 @@ const std::vector<Knob>& allKnobs() {
        "What carries CPU collectives: 'tcp' (ddplite's own transport and algorithms) or 'mpi' (MPI's own "
        "collectives on the group's communicator; needs a build with MPI and a job launched by mpirun). "
        "Must be the same on every rank"},
+      {kCudaStaging, "auto",
+       "CUDA tensors: 'auto' uses NCCL except on a GPU shared by two ranks (then host memory + CPU transport, "
+       "with a warning); 'always' stages every CUDA op; 'never' raises instead of staging. Same on every rank"},
   };
   return knobs;
 }
@@ -103,6 +107,14 @@ std::string algorithmSpec() {
 std::string cpuTransport() {
   const char* value = rawValue(kCpuTransport);
   return value == nullptr ? "tcp" : value;
+}
+
+CudaStaging cudaStaging() {
+  const char* value = rawValue(kCudaStaging);
+  if (value == nullptr) return CudaStaging::kAuto;
+  if (strcasecmp(value, "always") == 0) return CudaStaging::kAlways;
+  if (strcasecmp(value, "never") == 0) return CudaStaging::kNever;
+  return CudaStaging::kAuto;
 }
 
 }  // namespace ddplite::env

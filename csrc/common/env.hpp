@@ -40,4 +40,10 @@ std::string algorithmSpec();
 // DDPLITE_CPU_TRANSPORT: "tcp" (default) or "mpi", as set (checked by the backend).
 std::string cpuTransport();
 
+// DDPLITE_CUDA_STAGING: how CUDA tensors travel when NCCL cannot serve the group.
+//   kAuto: NCCL, except on a GPU two ranks share (then through host memory, with a warning);
+//   kAlways: always through host memory and the CPU transport; kNever: NCCL or an error.
+enum class CudaStaging { kAuto, kAlways, kNever };
+CudaStaging cudaStaging();
+
 }  // namespace ddplite::env

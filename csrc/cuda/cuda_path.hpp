@@ -1,0 +1,88 @@
+// The seam between the backend and its CUDA data path.
+//
+// DdpliteBackend (backend/backend.cpp) validates every call, then hands calls whose tensors are
+// on CUDA to a CudaPath with the caller's arguments unchanged; CPU tensors never come here. The
+// implementations live in this folder and are compiled only when setup.py found NCCL
+// (DDPLITE_WITH_NCCL): NcclPath (nccl_path.hpp) runs them on the group's own NCCL communicator,
+// and for devices that another rank shares it hands them to StagedPath (staged_path.hpp), which
+// copies through host memory and reuses the backend's CPU collectives.
+//
+// Threads: every method is called on the caller's thread (the Python thread or DDP's autograd
+// thread), possibly from two threads at once; implementations order their launches with the
+// backend's order mutex (CudaPathDeps::orderMutex), the same lock that orders CPU collectives.
+#pragma once
+
+#include "rendezvous/bootstrap.hpp"
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace ddplite {
+
+// What the backend lends its CUDA path. Everything referenced outlives the path.
+struct CudaPathDeps {
+  c10d::Backend& cpuBackend;   // the owning backend; its collectives on CPU tensors (staging)
+  Bootstrap& bootstrap;        // carries the NCCL unique id and the device ids
+  int rank;
+  int size;
+  std::mutex& orderMutex;      // held while a sequence number is assigned and the op is issued
+  std::atomic<uint64_t>& seq;  // the group's collective sequence number (shared with the CPU path)
+  std::function<std::chrono::milliseconds(std::chrono::milliseconds)> resolveTimeout;  // opts.timeout -> effective
+};
+
+class CudaPath {
+ public:
+  virtual ~CudaPath() = default;
+
+  virtual c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                             const c10d::AllreduceCoalescedOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                   std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                         const c10d::AllgatherOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                         std::vector<at::Tensor>& inputs,
+                                                                         const c10d::AllgatherOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                        std::vector<std::vector<at::Tensor>>& inputs,
+                                                        const c10d::ReduceScatterOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                              const c10d::ReduceScatterOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                         std::vector<at::Tensor>& inputs,
+                                                                         const c10d::ReduceScatterOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                                 std::vector<std::vector<at::Tensor>>& inputs,
+                                                 const c10d::ScatterOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                       std::vector<int64_t>& outputSplitSizes,
+                                                       std::vector<int64_t>& inputSplitSizes,
+                                                       const c10d::AllToAllOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                  const c10d::AllToAllOptions& opts) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) = 0;
+  // A one-element allreduce on `device`; its wait() blocks the host until every rank arrived.
+  virtual c10::intrusive_ptr<c10d::Work> barrier(at::Device device, const c10d::BarrierOptions& opts) = 0;
+
+  // abort(): fail pending CUDA work now and abort the communicators. shutdown(): let pending
+  // work finish (up to the group's timeout), then destroy them. Both idempotent.
+  virtual void abort() = 0;
+  virtual void shutdown() = 0;
+};
+
+// The CUDA path of this build: NcclPath with NCCL compiled in; nullptr otherwise.
+std::unique_ptr<CudaPath> createCudaPath(const CudaPathDeps& deps);
+
+}  // namespace ddplite

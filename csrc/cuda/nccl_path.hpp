@@ -1,0 +1,113 @@
+// NcclPath: CUDA tensors of one process group on the group's own NCCL communicators.
+//
+// Per device, on the first CUDA op that touches it (collective: every rank reaches it in the
+// same op), the ranks exchange their GPU's UUID through the Bootstrap. If no two ranks share a
+// GPU (or NCCL >= 2.30 runs in multi-rank mode on every rank), rank 0 makes an NCCL unique id,
+// the Bootstrap carries it, and every rank runs ncclCommInitRank; the device then gets a
+// dedicated NCCL stream from torch's pool. If two ranks share the GPU, the device is served by
+// StagedPath instead, with a one-time warning (DDPLITE_CUDA_STAGING can force either choice).
+//
+// Launch (caller's thread, under the backend's order mutex, so CPU and CUDA ops of the group
+// take sequence numbers in issue order): the NCCL stream waits on an event recorded on the
+// caller's current stream, the NCCL call(s) run with the NCCL stream current, an end event is
+// recorded, and the Work (nccl_work.hpp) goes to the watchdog (nccl_watchdog.hpp), which
+// aborts the communicators and fails every pending Work on an NCCL error or a timeout.
+#pragma once
+
+#include "cuda/cuda_path.hpp"
+#include "cuda/cuda_collectives.hpp"
+#include "cuda/nccl_comm.hpp"
+#include "cuda/nccl_watchdog.hpp"
+#include "cuda/staged_path.hpp"
+
+#include <map>
+#include <optional>
+
+namespace ddplite::nccl {
+
+class NcclPath final : public CudaPath {
+ public:
+  explicit NcclPath(const CudaPathDeps& deps);
+  ~NcclPath() override;  // shutdown()
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplitSizes,
+                                               std::vector<int64_t>& inputSplitSizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(at::Device device, const c10d::BarrierOptions& opts) override;
+  void abort() override;
+  void shutdown() override;
+
+ private:
+  struct DeviceState {
+    bool staged = false;
+    std::unique_ptr<NcclComm> comm;
+    std::optional<c10::cuda::CUDAStream> stream;  // the dedicated NCCL stream
+  };
+  struct Call {  // one op, as launch() needs it
+    const char* op;
+    c10d::OpType type;
+    at::Device device;
+    std::vector<at::Tensor> outputs;    // what result() and the future hold
+    std::vector<at::Tensor> keepAlive;  // inputs NCCL reads
+    std::chrono::milliseconds timeout;
+    bool pointToPoint = false;
+    bool barrier = false;
+  };
+
+  // The context for messages about an op not issued yet.
+  OpContext peekContext(const char* op) const;
+  // Collective on a device's first use: decides NCCL or staging, creates the communicator.
+  DeviceState& stateFor(const char* op, at::Device device);
+  void createCommunicator(const OpContext& ctx, at::Device device, DeviceState& state, int ordinal);
+  c10::intrusive_ptr<c10d::Work> launch(DeviceState& state, Call call, const std::function<void(const Launch&)>& body);
+  // Tensors NCCL reads or writes in place: on `device` and contiguous.
+  void requireDirect(const OpContext& ctx, const std::vector<at::Tensor>& tensors, at::Device device) const;
+
+  WatchdogFailure checkComms();
+  void failGroup(const WatchdogFailure& failure);  // aborts the communicators, fails pending works
+  void throwIfBroken(const OpContext& ctx);
+
+  CudaPathDeps deps_;
+  StagedPath staged_;
+  std::mutex initMutex_;                 // device states; held through communicator creation
+  std::map<int, DeviceState> devices_;   // by device index
+  int devicesSeen_ = 0;                  // ordinal of the next device: names its bootstrap keys
+  std::mutex commsMutex_;                // the list the watchdog polls
+  std::vector<NcclComm*> comms_;
+  std::mutex brokenMutex_;
+  std::string brokenReason_;             // non-empty once aborted, failed or shut down
+  std::atomic<uint64_t> p2pSeq_{0};
+  std::atomic<bool> closed_{false};
+  std::unique_ptr<NcclWatchdog> watchdog_;  // started with the first communicator
+};
+
+}  // namespace ddplite::nccl

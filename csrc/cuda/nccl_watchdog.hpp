@@ -1,0 +1,57 @@
+// The watchdog: one thread per group (started with the group's first communicator) that
+// watches every NCCL Work until its end event completes.
+//
+// Every 10 ms it (1) asks each communicator for an asynchronous error (ncclCommGetAsyncError),
+// (2) retires works whose end event has completed (releasing their stashed tensors), and (3)
+// checks each remaining work against its timeout. On an async error or a timeout it calls
+// `onFailure` once, on the watchdog thread; the owner (NcclPath) then aborts its communicators
+// and fails every pending work through failAll().
+#pragma once
+
+#include "cuda/nccl_work.hpp"
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace ddplite::nccl {
+
+struct WatchdogFailure {
+  std::string what;  // for the error message of each pending work
+  std::string hint;
+};
+
+class NcclWatchdog {
+ public:
+  // `checkComms`: "" when healthy, else a description of the communicator error (watchdog thread).
+  // `onFailure`: called once, on the watchdog thread, with what went wrong.
+  NcclWatchdog(std::function<WatchdogFailure()> checkComms, std::function<void(const WatchdogFailure&)> onFailure);
+  ~NcclWatchdog();  // stop()
+
+  void watch(c10::intrusive_ptr<NcclWork> work);
+  // Fails every pending work with `failure` (any thread).
+  void failAll(const WatchdogFailure& failure);
+  // Blocks until no work is pending or `deadline`; true if drained.
+  bool drain(std::chrono::steady_clock::time_point deadline);
+  // Joins the thread (idempotent). Pending works stay pending.
+  void stop();
+
+ private:
+  void loop();
+  // One pass; returns a failure to report, or an empty `what`.
+  WatchdogFailure poll();
+
+  std::function<WatchdogFailure()> checkComms_;
+  std::function<void(const WatchdogFailure&)> onFailure_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<c10::intrusive_ptr<NcclWork>> pending_;
+  bool stopping_ = false;
+  bool reported_ = false;
+  std::thread thread_;  // last: uses everything above
+};
+
+}  // namespace ddplite::nccl

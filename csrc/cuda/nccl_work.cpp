@@ -1,0 +1,113 @@
+#include "cuda/nccl_work.hpp"
+
+#include <c10/cuda/CUDAGuard.h>
+
+#include <thread>
+
+namespace ddplite::nccl {
+
+NcclWork::NcclWork(const OpContext& context, c10d::OpType type, at::Device device, std::vector<at::Tensor> outputs,
+                   std::chrono::milliseconds timeout, bool isBarrier)
+    : c10d::Work(context.rank, type, nullptr),
+      context_(context),
+      device_(device),
+      outputs_(std::move(outputs)),
+      timeout_(timeout),
+      isBarrier_(isBarrier),
+      launchedAt_(std::chrono::steady_clock::now()),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       std::vector<c10::Device>{device})) {}
+
+void NcclWork::stash(std::vector<at::Tensor> tensors) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& tensor : tensors) stash_.push_back(std::move(tensor));
+}
+
+void NcclWork::waitForCaller(const c10::cuda::CUDAStream& current, const c10::cuda::CUDAStream& ncclStream) {
+  startEvent_.record(current);
+  startEvent_.block(ncclStream);
+}
+
+void NcclWork::markLaunched(const c10::cuda::CUDAStream& ncclStream) {
+  endEvent_.record(ncclStream);
+  // The future records its own event on the current stream of the device: make that the NCCL
+  // stream, so waiting on the future means waiting on the collective.
+  c10::cuda::CUDAMultiStreamGuard guard(ncclStream);
+  future_->markCompleted(c10::IValue(outputs_));
+}
+
+bool NcclWork::endEventDone() const {
+  return endEvent_.query();
+}
+
+bool NcclWork::timedOut(std::chrono::steady_clock::time_point now) const {
+  return now - launchedAt_ > timeout_;
+}
+
+void NcclWork::markDone() {
+  std::vector<at::Tensor> released;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    released.swap(stash_);
+  }
+  finish(nullptr);
+  // `released` frees the buffers here, after the GPU is done with them.
+}
+
+void NcclWork::markFailed(std::exception_ptr error) {
+  failed_ = true;
+  std::vector<at::Tensor> released;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    released.swap(stash_);  // the communicator is aborted: NCCL no longer touches them
+  }
+  finish(error);
+}
+
+bool NcclWork::isCompleted() {
+  return failed_.load() || endEventDone();
+}
+
+bool NcclWork::isSuccess() const {
+  return !failed_.load() && endEventDone();
+}
+
+std::exception_ptr NcclWork::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return exception_;
+}
+
+void NcclWork::throwIfFailed() const {
+  if (!failed_.load()) return;
+  if (auto error = exception()) std::rethrow_exception(error);
+}
+
+void NcclWork::synchronize() {
+  throwIfFailed();
+  c10::cuda::CUDAGuard guard(device_);
+  endEvent_.block(c10::cuda::getCurrentCUDAStream(device_.index()));
+}
+
+void NcclWork::waitOnHost(std::chrono::steady_clock::time_point deadline, bool bounded) {
+  // Polls instead of cudaEventSynchronize so that a failure reported by the watchdog (which
+  // aborts the communicator) ends the wait with that error instead of a hang.
+  while (!isCompleted()) {
+    if (bounded && std::chrono::steady_clock::now() > deadline) {
+      throwDistError(context_, "Work.wait(timeout) expired; the collective is still running on the GPU",
+                     "a peer has not reached this collective yet; call wait() again, or raise the timeout");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+bool NcclWork::wait(std::chrono::milliseconds timeout) {
+  const bool bounded = timeout != kNoTimeout;
+  if (bounded || isBarrier_) {
+    waitOnHost(std::chrono::steady_clock::now() + timeout, bounded);
+  }
+  synchronize();
+  throwIfFailed();
+  return true;
+}
+
+}  // namespace ddplite::nccl

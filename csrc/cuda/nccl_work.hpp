@@ -1,0 +1,81 @@
+// The Work ddplite returns for a collective that runs on NCCL.
+//
+// Streams and events (the ProcessGroupNCCL contract):
+//   * start event: recorded on the caller's current stream at launch; the group's NCCL stream
+//     waits on it, so NCCL reads inputs only after every kernel queued before the call.
+//   * end event: recorded on the NCCL stream right after the NCCL call(s).
+//   * wait() / synchronize(): the caller's current stream waits on the end event; the host does
+//     not block (except for barrier, and when wait() is given a timeout).
+//   * getFuture(): a CUDA-aware ivalue::Future over the device, completed at launch with the
+//     outputs while the NCCL stream is current, so whoever waits on it (DDP comm hooks,
+//     then()) waits on the NCCL stream on the GPU, not on the host.
+//
+// Ownership: inputs, outputs and scratch buffers are stashed here at launch and released by the
+// watchdog thread once the end event has completed, so the caching allocator cannot hand their
+// memory to someone else while NCCL still uses it (even if the caller drops every reference
+// right after the call).
+//
+// Threads: created and launched on the caller's thread; completed or failed by the watchdog.
+#pragma once
+
+#include "common/errors.hpp"
+
+#include <ATen/core/ivalue.h>
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <vector>
+
+namespace ddplite::nccl {
+
+class NcclWork final : public c10d::Work {
+ public:
+  NcclWork(const OpContext& context, c10d::OpType type, at::Device device, std::vector<at::Tensor> outputs,
+           std::chrono::milliseconds timeout, bool isBarrier);
+
+  // Launching thread, in this order around the NCCL call(s).
+  void stash(std::vector<at::Tensor> tensors);
+  void waitForCaller(const c10::cuda::CUDAStream& current, const c10::cuda::CUDAStream& ncclStream);
+  void markLaunched(const c10::cuda::CUDAStream& ncclStream);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  void synchronize() override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  void blockCurrentStream() override { synchronize(); }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  uint64_t getSequencenumber() const override { return context_.seq; }
+
+  const OpContext& context() const { return context_; }
+  at::Device device() const { return device_; }
+
+  // Watchdog thread.
+  bool endEventDone() const;
+  bool timedOut(std::chrono::steady_clock::time_point now) const;
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void markDone();                        // end event completed: release the stash
+  void markFailed(std::exception_ptr error);  // communicator aborted: wait() raises `error`
+
+ private:
+  void throwIfFailed() const;
+  void waitOnHost(std::chrono::steady_clock::time_point deadline, bool bounded);
+
+  const OpContext context_;
+  const at::Device device_;
+  const std::vector<at::Tensor> outputs_;
+  const std::chrono::milliseconds timeout_;
+  const bool isBarrier_;
+  const std::chrono::steady_clock::time_point launchedAt_;
+  std::vector<at::Tensor> stash_;  // guarded by mutex_
+  c10::cuda::CUDAEvent startEvent_{cudaEventDisableTiming};
+  c10::cuda::CUDAEvent endEvent_{cudaEventDisableTiming};
+  std::atomic<bool> failed_{false};
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace ddplite::nccl

@@ -1,0 +1,254 @@
+"""Functions that run on each rank for tests/test_cuda.py (GPU only; see harness.py).
+
+Each rank takes GPU ``rank % device_count``, so 2 ranks on a 1-GPU machine share it (ddplite then
+stages through host memory). Every check appends to a list of failures instead of stopping, so
+one run reports all of them.
+"""
+
+import torch
+import torch.distributed as dist
+
+ReduceOp = dist.ReduceOp
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32,
+          torch.int64]
+FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2]
+OPS = [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]
+COUNT = 1000
+
+
+def take_gpu(rank):
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def inputs(rank, dtype, device, count=COUNT, op=ReduceOp.SUM):
+    """Small integers (exact in every dtype); 1 and 2 for PRODUCT so nothing overflows."""
+    i = torch.arange(count, dtype=torch.int64)
+    values = 1 + (i + rank) % 2 if op == ReduceOp.PRODUCT else (i * 7 + rank * 5) % 11
+    return values.to(dtype).to(device)
+
+
+class Checks:
+    def __init__(self, rank):
+        self.rank = rank
+        self.failures = []
+        self.checked = 0
+
+    def same(self, label, actual, expected, exact=True):
+        self.checked += 1
+        actual, expected = actual.cpu(), expected.cpu()
+        if actual.dtype in FP8_DTYPES:
+            actual, expected = actual.float(), expected.float()
+        ok = torch.equal(actual, expected) if exact else torch.allclose(actual.double(), expected.double(),
+                                                                        rtol=1e-2, atol=1e-2)
+        if not ok:
+            self.failures.append(f"rank {self.rank} {label}: got {actual.flatten()[:6].tolist()} "
+                                 f"expected {expected.flatten()[:6].tolist()}")
+
+    def result(self):
+        return {"failures": self.failures, "checked": self.checked}
+
+
+def premul_ops(dtype):
+    return [dist._make_nccl_premul_sum(3.0)] if dtype.is_floating_point else []
+
+
+def same_as_other_backend(rank, world_size, other_backend):
+    """Every collective, dtype and reduce op on ddplite (the default group) and on `other_backend`
+    over the same ranks and inputs; nccl results must match bit for bit, gloo (CPU copies) too
+    except for AVG."""
+    device = take_gpu(rank)
+    other = dist.new_group(backend=other_backend)
+    other_device = device if other_backend == "nccl" else torch.device("cpu")
+    checks = Checks(rank)
+
+    def both(label, run, make, exact=True, root_only=False):
+        mine = make(device)
+        theirs = make(other_device)
+        run(mine, None)
+        try:
+            run(theirs, other)
+        except (RuntimeError, ValueError) as error:
+            if other_backend == "gloo":  # a dtype or op gloo lacks: nothing to compare with
+                return
+            raise
+        if root_only and rank != 0:
+            return
+        for index, (a, b) in enumerate(zip(mine, theirs)):
+            checks.same(f"{label}[{index}]", a, b, exact)
+
+    for dtype in DTYPES:
+        name = str(dtype).split(".")[-1]
+        for op in OPS + premul_ops(dtype):
+            if other_backend == "gloo" and (op == ReduceOp.AVG or not isinstance(op, ReduceOp.RedOpType)):
+                continue
+            both(f"all_reduce {name} {op}", lambda t, g, op=op: dist.all_reduce(t[0], op=op, group=g),
+                 lambda d, op=op: [inputs(rank, dtype, d, op=op)], exact=op != ReduceOp.AVG)
+        both(f"broadcast {name}", lambda t, g: dist.broadcast(t[0], src=0, group=g),
+             lambda d: [inputs(rank, dtype, d)])
+        both(f"reduce {name}", lambda t, g: dist.reduce(t[0], dst=0, group=g), lambda d: [inputs(rank, dtype, d)],
+             root_only=True)
+        both(f"all_gather {name}",
+             lambda t, g: dist.all_gather(t[1:], t[0], group=g),
+             lambda d: [inputs(rank, dtype, d)] + [torch.zeros(COUNT, dtype=dtype, device=d) for _ in range(world_size)])
+        both(f"all_gather_into_tensor {name}",
+             lambda t, g: dist.all_gather_into_tensor(t[1], t[0], group=g),
+             lambda d: [inputs(rank, dtype, d), torch.zeros(COUNT * world_size, dtype=dtype, device=d)])
+        both(f"reduce_scatter_tensor {name}",
+             lambda t, g: dist.reduce_scatter_tensor(t[1], t[0], group=g),
+             lambda d: [inputs(rank, dtype, d, COUNT * world_size), torch.zeros(COUNT, dtype=dtype, device=d)])
+        if other_backend == "nccl":  # gloo has no list reduce_scatter
+            both(f"reduce_scatter {name}",
+                 lambda t, g: dist.reduce_scatter(t[0], list(t[1:]), group=g),
+                 lambda d: [torch.zeros(COUNT, dtype=dtype, device=d)]
+                 + [inputs(rank + r, dtype, d) for r in range(world_size)])
+        both(f"all_to_all_single {name}",
+             lambda t, g: dist.all_to_all_single(t[1], t[0], group=g),
+             lambda d: [inputs(rank, dtype, d, COUNT * world_size), torch.zeros(COUNT * world_size, dtype=dtype, device=d)])
+        both(f"gather {name}",
+             lambda t, g: dist.gather(t[0], list(t[1:]) if rank == 0 else None, dst=0, group=g),
+             lambda d: [inputs(rank, dtype, d)] + ([torch.zeros(COUNT, dtype=dtype, device=d) for _ in range(world_size)]
+                                                  if rank == 0 else []))
+        both(f"scatter {name}",
+             lambda t, g: dist.scatter(t[0], list(t[1:]) if rank == 0 else None, src=0, group=g),
+             lambda d: [torch.zeros(COUNT, dtype=dtype, device=d)]
+             + ([inputs(r, dtype, d) for r in range(world_size)] if rank == 0 else []))
+    dist.barrier(device_ids=[device.index])
+    checks.checked += 1
+    return checks.result()
+
+
+def coalesced_and_fp8(rank, world_size):
+    """Coalesced collectives through the Backend object, and float8 against the closed form."""
+    from torch.distributed import AllgatherOptions, AllreduceCoalescedOptions, ReduceScatterOptions
+    device = take_gpu(rank)
+    checks = Checks(rank)
+    backend = dist.group.WORLD._get_backend(device)
+    tensors = [inputs(rank, torch.float32, device, n) for n in (3, 1000, 70000)]
+    expected = [sum(inputs(r, torch.float32, device, t.numel()) for r in range(world_size)) for t in tensors]
+    backend.allreduce_coalesced(tensors, AllreduceCoalescedOptions()).wait()
+    for index, (t, e) in enumerate(zip(tensors, expected)):
+        checks.same(f"allreduce_coalesced[{index}]", t, e)
+    ins = [inputs(rank, torch.int32, device, n) for n in (5, 4096)]
+    outs = [torch.zeros(n * world_size, dtype=torch.int32, device=device) for n in (5, 4096)]
+    backend.allgather_into_tensor_coalesced(outs, ins, AllgatherOptions()).wait()
+    for index, (o, n) in enumerate(zip(outs, (5, 4096))):
+        checks.same(f"allgather_into_tensor_coalesced[{index}]", o,
+                    torch.cat([inputs(r, torch.int32, device, n) for r in range(world_size)]))
+    ins = [inputs(rank, torch.float64, device, n * world_size) for n in (5, 4096)]
+    outs = [torch.zeros(n, dtype=torch.float64, device=device) for n in (5, 4096)]
+    backend.reduce_scatter_tensor_coalesced(outs, ins, ReduceScatterOptions()).wait()
+    for index, (o, n) in enumerate(zip(outs, (5, 4096))):
+        total = sum(inputs(r, torch.float64, device, n * world_size) for r in range(world_size))
+        checks.same(f"reduce_scatter_tensor_coalesced[{index}]", o, total[rank * n:(rank + 1) * n])
+    import torch_ddp_lite
+    if torch_ddp_lite.build_info()["nccl"].get("fp8"):
+        for dtype in FP8_DTYPES:
+            t = inputs(rank, dtype, device)
+            dist.all_reduce(t, op=ReduceOp.MAX)
+            checks.same(f"all_reduce MAX {dtype}", t,
+                        torch.stack([inputs(r, torch.float32, device) for r in range(world_size)]).amax(0).to(dtype))
+            out = torch.zeros(COUNT * world_size, dtype=dtype, device=device)
+            dist.all_gather_into_tensor(out, inputs(rank, dtype, device))
+            checks.same(f"all_gather_into_tensor {dtype}", out,
+                        torch.cat([inputs(r, dtype, device) for r in range(world_size)]))
+    return checks.result()
+
+
+def point_to_point(rank, world_size):
+    device = take_gpu(rank)
+    checks = Checks(rank)
+    dist.all_reduce(torch.ones(1, device=device))  # every rank creates the communicator first
+    peer = (rank + 1) % world_size
+    source = (rank - 1) % world_size
+    outgoing = torch.full((4096,), float(rank), device=device)
+    incoming = torch.zeros(4096, device=device)
+    if rank % 2 == 0:
+        dist.send(outgoing, peer)
+        dist.recv(incoming, source)
+    else:
+        dist.recv(incoming, source)
+        dist.send(outgoing, peer)
+    checks.same("send/recv ring", incoming, torch.full((4096,), float(source), device=device))
+    return checks.result()
+
+
+def stream_semantics(rank, world_size):
+    """No explicit synchronisation anywhere: the collective must wait for the kernel that made
+    its input, the next kernel on the current stream must see its output, and inputs freed right
+    after an async op must not be overwritten while NCCL reads them."""
+    device = take_gpu(rank)
+    checks = Checks(rank)
+    side = torch.cuda.Stream(device)
+    n = 2048
+    with torch.cuda.stream(side):
+        a = torch.ones(n, n, device=device)
+        produced = (a @ a)[0] / n  # all ones, produced by a slow kernel on `side`
+        dist.all_reduce(produced, op=dist._make_nccl_premul_sum(3.0))
+        consumed = produced + 1  # on `side`, right after wait() made `side` wait on NCCL
+    side.synchronize()
+    checks.same("premul allreduce consumed on the current stream", consumed,
+                torch.full((n,), 3.0 * world_size + 1, device=device))
+    out = torch.zeros(COUNT * world_size, device=device)
+    source = torch.full((COUNT,), float(rank + 7), device=device)
+    torch.cuda._sleep(50_000_000)  # keeps the NCCL stream waiting while the input is freed and reused
+    work = dist.all_gather_into_tensor(out, source, async_op=True)
+    del source
+    junk = [torch.full((COUNT,), -1.0, device=device) for _ in range(16)]
+    work.wait()
+    torch.cuda.synchronize()
+    checks.same("input freed right after an async op", out,
+                torch.cat([torch.full((COUNT,), float(r + 7)) for r in range(world_size)]).to(device))
+    del junk
+    fut = dist.all_reduce(torch.ones(8, device=device), async_op=True).get_future()
+    checks.same("CUDA future then()", fut.then(lambda f: f.value()[0] * 2).wait(),
+                torch.full((8,), 2.0 * world_size, device=device))
+    return checks.result()
+
+
+def shared_gpu_mode(rank, world_size):
+    """Runs once on a group whose ranks share a GPU; returns what ddplite decided (a warning is logged)."""
+    device = take_gpu(rank)
+    t = torch.full((10,), float(rank), device=device)
+    dist.all_reduce(t)
+    return {"value": t.cpu(), "device": str(device)}
+
+
+def ddp_resnet18(rank, world_size, steps=20, batch_per_rank=8):
+    """torchvision ResNet-18 (10 classes), DDP on CUDA, deterministic data; returns the parameters."""
+    import torchvision
+    from torch.nn.parallel import DistributedDataParallel
+    device = take_gpu(rank)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).to(device)
+    model = DistributedDataParallel(model, device_ids=[device.index])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    generator = torch.Generator().manual_seed(1)
+    images = torch.randn(steps, world_size * batch_per_rank, 3, 32, 32, generator=generator)
+    labels = torch.randint(0, 10, (steps, world_size * batch_per_rank), generator=generator)
+    mine = slice(rank * batch_per_rank, (rank + 1) * batch_per_rank)
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(images[step, mine].to(device)), labels[step, mine].to(device))
+        loss.backward()
+        optimizer.step()
+    return {name: p.detach().cpu() for name, p in model.module.named_parameters()}
+
+
+def watchdog_timeout(rank, world_size):
+    """Rank 1 skips a collective: rank 0's watchdog must abort and fail it with a DistBackendError."""
+    device = take_gpu(rank)
+    dist.all_reduce(torch.ones(1, device=device))
+    if rank != 0:
+        return {"skipped": True}
+    try:
+        work = dist.all_reduce(torch.ones(1, device=device), async_op=True)
+        work.wait(timeout=__import__("datetime").timedelta(seconds=60))
+        torch.cuda.synchronize()
+        return {"raised": None}
+    except Exception as error:  # noqa: BLE001
+        return {"raised": type(error).__name__, "message": str(error)}
