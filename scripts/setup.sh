@@ -46,6 +46,13 @@ else
   say "python packages present"
 fi
 
+# 1b. iproute2: tests/test_multihost.py builds its "hosts" with `ip netns` (and skips without it).
+if ! command -v ip >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  say "installing iproute2 (ip netns, for tests/test_multihost.py)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; } \
+    || say "could not install iproute2: tests/test_multihost.py will be skipped"
+fi
+
 # 2. The extension: rebuilt only when its sources, build files or torch changed.
 stamp_file="$REPO/build/.ddplite-build-stamp"
 stamp=$( { cat setup.py pyproject.toml _ddplite_autoload.py; find csrc -type f | sort | xargs cat;
