@@ -110,6 +110,8 @@ def parse_args(argv=None):
         parser.error("--width applies to resnet9 only (torchvision's ResNet-18 has fixed widths)")
     if not args.spawn and (args.dist_url, args.world_size, args.rank).count(None) not in (0, 3):
         parser.error("a rank started by hand needs all of --dist-url, --world-size and --rank")
+    if args.rank is not None and args.world_size is None:
+        parser.error("--rank needs --world-size")
     if args.world_size is not None and not 0 <= (args.rank or 0) < args.world_size:
         parser.error(f"--rank {args.rank} is outside 0 .. --world-size - 1 = {args.world_size - 1}")
     if args.spawn and args.world_size not in (None, 1) and args.dist_url is None:
