@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 examples/train_cifar10.py --arch resnet9 --width 16 --epochs 3
     python examples/train_cifar10.py --spawn 2 --arch resnet9 --width 16 --epochs 3   # mp.spawn, no launcher
+    python examples/train_cifar10.py --dist-url tcp://10.0.0.1:23456 --world-size 2 --rank 0 ...  # each rank by hand
     python examples/train_cifar10.py --device cuda --backend nccl                    # one process, one GPU
 
 The training side is stock PyTorch and torchvision: torchvision's ResNet-18 adapted to 32x32 images
@@ -12,8 +13,11 @@ precision (float16 with a GradScaler) and channels_last on CUDA, where each loca
 ``local_rank % device_count`` (more ranks than GPUs share them). The one ddplite-specific thing is
 ``backend="ddplite"``; ``--backend gloo`` or ``nccl`` runs the same script for comparison.
 
-Launchers: torchrun (``env://``); ``--spawn N`` (torch.multiprocessing.spawn and a ``file://``
-store, for one machine); mpirun, detected from OpenMPI's and MPICH's variables, needs an ``mpi://``
+Launchers: torchrun (``env://``, single- or multi-node); ``--spawn N`` (torch.multiprocessing.spawn and a
+``file://`` store, for one machine); ``--dist-url tcp://IP:PORT --world-size N --rank R``, the flags
+of PyTorch's ImageNet example: each rank started by hand, on any machine, joined through rank 0's
+``IP:PORT``; ``--spawn N --dist-url tcp://IP:PORT`` with ``--world-size M --rank R`` spawns N ranks on
+each of M machines (this is machine R; global ranks R*N .. R*N+N-1); mpirun, detected from OpenMPI's and MPICH's variables, needs an ``mpi://``
 rendezvous that ddplite does not have yet, and says so. Without any, one process trains.
 
 Data: torchvision's CIFAR10 loader (``download=False``) on ``<data-dir>/cifar-10-batches-py``. When
@@ -91,10 +95,27 @@ def parse_args(argv=None):
     parser.add_argument("--limit-train-batches", type=int, default=0, metavar="N", help="per epoch; 0: all")
     parser.add_argument("--limit-eval-batches", type=int, default=0, metavar="N", help="per rank; 0: all")
     parser.add_argument("--spawn", type=int, default=0, metavar="N", help="start N ranks with mp.spawn")
+    parser.add_argument("--dist-url", default=None, metavar="URL",
+                        help="init_method, e.g. tcp://IP:PORT (rank 0's machine and a free port); with --spawn "
+                             "the default is a file:// store in a temporary folder")
+    parser.add_argument("--world-size", type=int, default=None, metavar="N",
+                        help="with --dist-url: the number of ranks; with --spawn: the number of machines (default 1)")
+    parser.add_argument("--rank", type=int, default=None, metavar="R",
+                        help="with --dist-url: this process's rank; with --spawn: this machine's index (default 0)")
+    parser.add_argument("--local-rank", type=int, default=None, metavar="N",
+                        help="with --dist-url: this rank's index on its machine (GPU choice; default 0)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.arch == "resnet18" and args.width != 64:
         parser.error("--width applies to resnet9 only (torchvision's ResNet-18 has fixed widths)")
+    if not args.spawn and (args.dist_url, args.world_size, args.rank).count(None) not in (0, 3):
+        parser.error("a rank started by hand needs all of --dist-url, --world-size and --rank")
+    if args.rank is not None and args.world_size is None:
+        parser.error("--rank needs --world-size")
+    if args.world_size is not None and not 0 <= (args.rank or 0) < args.world_size:
+        parser.error(f"--rank {args.rank} is outside 0 .. --world-size - 1 = {args.world_size - 1}")
+    if args.spawn and args.world_size not in (None, 1) and args.dist_url is None:
+        parser.error("--spawn on several machines (--world-size > 1) needs --dist-url tcp://IP:PORT")
     return args
 
 
@@ -121,20 +142,30 @@ def launch_from_environment():
     return None
 
 
+def launch_from_flags(args):
+    """One rank started by hand: --dist-url, --world-size and --rank (PyTorch's ImageNet example)."""
+    local_rank = args.local_rank if args.local_rank is not None else int(os.environ.get("LOCAL_RANK", 0))
+    return Launch("dist-url", args.dist_url, args.rank, args.world_size, local_rank)
+
+
 def spawn(args, processes):
-    """Runs ``processes`` ranks on this machine, joined through a file:// store."""
+    """Runs ``processes`` ranks on this machine (machine ``--rank`` of ``--world-size``), joined through
+    ``--dist-url`` or, by default, a file:// store in a temporary folder."""
+    machines, machine = args.world_size or 1, args.rank or 0
     with tempfile.TemporaryDirectory(prefix="ddplite-cifar10-") as folder:
-        init_method = "file://" + os.path.join(folder, "store")
-        if processes == 1:
+        init_method = args.dist_url or "file://" + os.path.join(folder, "store")
+        if processes == 1 and machines == 1:
             train(args, Launch("single process", init_method, 0, 1, 0))
         else:
-            mp.spawn(spawned_rank, args=(args, processes, init_method), nprocs=processes)
+            mp.spawn(spawned_rank, args=(args, processes, machines, machine, init_method), nprocs=processes)
 
 
-def spawned_rank(rank, args, world_size, init_method):
-    # Keep the ranks from oversubscribing the cores (torchrun sets OMP_NUM_THREADS=1 for the same reason).
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    train(args, Launch("mp.spawn", init_method, rank, world_size, rank))
+def spawned_rank(local_rank, args, processes, machines, machine, init_method):
+    # Keep the ranks from oversubscribing the cores (torchrun sets OMP_NUM_THREADS=1 for the same reason);
+    # an OMP_NUM_THREADS of the user's wins.
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // processes))
+    train(args, Launch("mp.spawn", init_method, machine * processes + local_rank, machines * processes, local_rank))
 
 
 def init_process_group(backend, launch):
@@ -514,10 +545,13 @@ def epoch_line(row, epochs):
 def main():
     args = parse_args()
     launch = launch_from_environment()
-    if launch and args.spawn:
-        raise SystemExit(f"--spawn starts its own ranks; this process was already started by {launch.launcher}")
+    if launch and (args.spawn or args.dist_url):
+        raise SystemExit(f"--spawn and --dist-url start or join ranks themselves; this process was already "
+                         f"started by {launch.launcher}")
     if launch:
         train(args, launch)
+    elif args.dist_url and not args.spawn:
+        train(args, launch_from_flags(args))
     else:
         spawn(args, max(1, args.spawn))
 

@@ -46,6 +46,13 @@ else
   say "python packages present"
 fi
 
+# 1b. iproute2: tests/test_multihost.py builds its "hosts" with `ip netns` (and skips without it).
+if ! command -v ip >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  say "installing iproute2 (ip netns, for tests/test_multihost.py)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; } \
+    || say "could not install iproute2: tests/test_multihost.py will be skipped"
+fi
+
 # 2. Open MPI (mpirun, and the headers the extension's MPI support compiles against), from
 #    Debian's packages; skipped when present or when DDPLITE_WITH_MPI=0. Without it the
 #    extension still builds, and only mpi:// and DDPLITE_CPU_TRANSPORT=mpi are unavailable.
@@ -54,8 +61,10 @@ if [ "${DDPLITE_WITH_MPI:-1}" != "0" ]; then
     say "Open MPI present ($(mpirun --version 2>/dev/null | head -n 1))"
   elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
     say "installing Open MPI (apt-get: libopenmpi-dev openmpi-bin)"
-    apt-get install -y -q libopenmpi-dev openmpi-bin >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libopenmpi-dev openmpi-bin >/dev/null; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q libopenmpi-dev openmpi-bin >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 \
+           && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libopenmpi-dev openmpi-bin >/dev/null; } \
+      || say "could not install Open MPI: building without MPI (tests/test_mpi.py will skip)"
   else
     say "Open MPI missing and cannot be installed here (needs root and apt-get): building without MPI"
   fi

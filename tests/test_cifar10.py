@@ -9,6 +9,7 @@ import csv
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -158,6 +159,97 @@ def test_spawn_launch_matches_torchrun(tmp_path, synthetic_dir, few_steps_ddplit
     spawned = load_checkpoint(tmp_path)
     for name, tensor in spawned["model"].items():
         torch.testing.assert_close(few_steps_ddplite["model"][name], tensor, rtol=1e-5, atol=1e-7, msg=name)
+
+
+# ------------------------------------------------------------- other launchers: same parameters as torchrun
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_together(commands, timeout=180, env=None):
+    """Starts every command at once, each in its own session (process group), and waits for all.
+    Returns [(returncode, output)]. Whatever is still running at the end is killed, group and all."""
+    jobs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                             env=env or rank_environment(), start_new_session=True) for cmd in commands]
+    try:
+        deadline = time.monotonic() + timeout
+        outputs = [job.communicate(timeout=max(1.0, deadline - time.monotonic()))[0] for job in jobs]
+        return [(job.returncode, output) for job, output in zip(jobs, outputs)]
+    finally:
+        for job in jobs:
+            try:
+                os.killpg(job.pid, signal.SIGKILL)  # the group: torchrun's ranks too
+            except ProcessLookupError:
+                pass
+            job.wait()
+
+
+def one_thread_environment():
+    """torchrun sets OMP_NUM_THREADS=1 only for several ranks per node; two "nodes" of one rank each
+    on one machine would oversubscribe its cores (and differ from the reference in the last bits)."""
+    return {**rank_environment(), "OMP_NUM_THREADS": "1"}
+
+
+def assert_same_parameters(checkpoint, reference):
+    assert checkpoint["config"] == reference["config"]
+    assert checkpoint["model"].keys() == reference["model"].keys()
+    for name, tensor in reference["model"].items():
+        assert torch.equal(checkpoint["model"][name], tensor), name  # bitwise: same ranks, same algorithms
+
+
+def test_torchrun_two_nodes_match_one_node(tmp_path, synthetic_dir, few_steps_ddplite):
+    """Two torchrun invocations on one machine acting as two nodes (--nnodes 2, c10d rendezvous),
+    one rank each: the world of the 2-rank single-node run, and its exact parameters."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+              "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+              *command(str(tmp_path), synthetic_dir, *FEW_STEPS, nproc=None)[1:]] for node in (0, 1)]
+    results = run_together(nodes, env=one_thread_environment())
+    for node, (returncode, output) in enumerate(results):
+        assert returncode == 0, f"node {node}:\n{output[-5000:]}"
+    assert "launcher=torchrun world_size=2" in "".join(output for _, output in results)
+    assert_same_parameters(load_checkpoint(tmp_path), few_steps_ddplite)
+
+
+def test_ranks_started_by_hand_with_dist_url_match_torchrun(tmp_path, synthetic_dir, few_steps_ddplite):
+    """The flags of PyTorch's ImageNet example: --dist-url tcp://IP:PORT --world-size 2 --rank R,
+    one process per rank, started separately."""
+    url = f"tcp://127.0.0.1:{free_port()}"
+    ranks = [command(str(tmp_path), synthetic_dir, *FEW_STEPS, "--dist-url", url, "--world-size", "2",
+                     "--rank", str(rank), nproc=None) for rank in (0, 1)]
+    results = run_together(ranks, env=one_thread_environment())
+    for rank, (returncode, output) in enumerate(results):
+        assert returncode == 0, f"rank {rank}:\n{output[-5000:]}"
+    assert "launcher=dist-url world_size=2" in results[0][1], results[0][1]
+    assert_same_parameters(load_checkpoint(tmp_path), few_steps_ddplite)
+
+
+def test_spawn_with_tcp_dist_url_matches_torchrun(tmp_path, synthetic_dir, few_steps_ddplite):
+    url = f"tcp://127.0.0.1:{free_port()}"
+    stdout = train(tmp_path, synthetic_dir, *FEW_STEPS, "--spawn", "2", "--dist-url", url, nproc=None)
+    assert "launcher=mp.spawn world_size=2" in stdout, stdout
+    assert_same_parameters(load_checkpoint(tmp_path), few_steps_ddplite)
+
+
+def test_spawn_on_two_machines_with_tcp_dist_url_matches_torchrun(tmp_path, synthetic_dir, few_steps_ddplite):
+    """--spawn 1 --world-size 2 --rank M: the ImageNet example's multi-node mp.spawn (world = 2 x 1)."""
+    url = f"tcp://127.0.0.1:{free_port()}"
+    machines = [command(str(tmp_path), synthetic_dir, *FEW_STEPS, "--spawn", "1", "--dist-url", url,
+                        "--world-size", "2", "--rank", str(machine), nproc=None) for machine in (0, 1)]
+    results = run_together(machines, env=one_thread_environment())
+    for machine, (returncode, output) in enumerate(results):
+        assert returncode == 0, f"machine {machine}:\n{output[-5000:]}"
+    assert "launcher=mp.spawn world_size=2" in results[0][1], results[0][1]
+    assert_same_parameters(load_checkpoint(tmp_path), few_steps_ddplite)
+
+
+def test_dist_url_flags_are_checked():
+    result = subprocess.run([sys.executable, SCRIPT, "--dist-url", "tcp://127.0.0.1:1", "--rank", "0"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO, env=rank_environment())
+    assert result.returncode == 2 and "needs all of --dist-url, --world-size and --rank" in result.stderr, result
 
 
 def test_generated_data_has_the_cifar10_file_format(tmp_path):

@@ -101,6 +101,17 @@ int finishConnect(int fd, Deadline deadline) {
   }
 }
 
+// A set-up failure recorded by a peer (its connect gave up at about the same deadline), waited for
+// briefly: it names the address the peer could not reach, which this rank cannot know otherwise.
+std::string peerReport(StoreRendezvous& rendezvous) {
+  const auto until = Clock::now() + std::chrono::seconds(2);
+  while (true) {
+    if (auto report = rendezvous.recordedFailure()) return strCat("; first failure reported: ", *report);
+    if (Clock::now() >= until) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 std::string unreachableHint() {
   return "the address above must be reachable from this host; if the rank listens on the wrong "
          "interface, set DDPLITE_SOCKET_IFNAME (NCCL syntax, e.g. DDPLITE_SOCKET_IFNAME=eth0 or "
@@ -168,9 +179,11 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
       close(fd);
       if (Clock::now() >= deadline) {
         close(listener);
-        throwDistError(strCat("rank ", rank, " could not connect to rank ", peer, " at ", peerAddress, ": ",
-                              std::strerror(lastError)),
-                       unreachableHint());
+        const std::string failure = strCat("rank ", rank, " could not connect to rank ", peer, " at ", peerAddress,
+                                           ": ", std::strerror(lastError), " (rank ", rank, " listens on ",
+                                           myAddress, ", ", why, ")");
+        rendezvous.recordFailure(failure);  // the ranks waiting for this one to connect quote it
+        throwDistError(failure, unreachableHint());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -186,8 +199,8 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
         if (transport->fds_[peer] < 0) missing += strCat(missing.empty() ? "" : ", ", peer);
       }
       close(listener);
-      throwDistError(strCat("rank ", rank, " (listening on ", myAddress, ") timed out waiting for rank(s) ",
-                            missing, " to connect"),
+      throwDistError(strCat("rank ", rank, " (listening on ", myAddress, ", ", why, ") timed out waiting for rank(s) ",
+                            missing, " to connect", peerReport(rendezvous)),
                      "those ranks may not reach this address; " + unreachableHint());
     }
     int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);

@@ -1,0 +1,278 @@
+"""Several hosts: Linux network namespaces as machines, joined by veth pairs to a bridge.
+
+Each "host" is a namespace with ``lo``, an ``eth0`` (a veth whose other end is on a bridge in a
+switch namespace; 10.231.0.0/24) and a ``docker0`` that reaches nobody (a veth whose other end is
+up but holds no address, 10.232.0.0/24: ARP goes unanswered, nothing arrives). Ranks start inside
+the namespaces (``ip netns exec``) exactly as on separate machines: torchrun with a c10d
+rendezvous on host 0's eth0 address, or one process per rank with ``--dist-url``. Training must
+give the parameters of the same world size on one host, bitwise; ``DDPLITE_SOCKET_IFNAME`` picks
+eth0 (the prefix and ``=`` forms); naming docker0 instead must fail on every rank within the
+group's timeout, naming the peer and the address it could not reach.
+
+Needs root and ``ip netns`` (iproute2); skipped with the reason otherwise. Namespaces carry a
+per-run name and are deleted, with every process inside, even when a test fails.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import torch
+
+from test_cifar10 import FEW_STEPS, REPO, command, load_checkpoint, rank_environment
+
+GOOD_NET, BAD_NET = "10.231.0", "10.232.0"
+STORE_PORT = 29500  # every namespace has its own ports: nothing else listens there
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
+
+
+def namespaces_unavailable():
+    if shutil.which("ip") is None:
+        return "no 'ip' command (iproute2); scripts/setup.sh installs it"
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    probe = f"ddplprobe{os.getpid()}"
+    result = _ip("netns", "add", probe, check=False)
+    if result.returncode != 0:
+        return f"'ip netns add' is not permitted here: {result.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+_UNAVAILABLE = namespaces_unavailable()
+pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"needs network namespaces: {_UNAVAILABLE}")
+
+
+class Hosts:
+    """``count`` namespaces on one bridge; host i has eth0 = 10.231.0.(i+1), docker0 = 10.232.0.(i+1)."""
+
+    def __init__(self, count):
+        tag = uuid.uuid4().hex[:6]
+        self.switch = f"ddpl{tag}sw"
+        self.names = [f"ddpl{tag}h{i}" for i in range(count)]
+        self.addresses = [f"{GOOD_NET}.{i + 1}" for i in range(count)]
+        self.created = []
+        try:
+            self._build()
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _netns_add(self, name):
+        _ip("netns", "add", name)
+        self.created.append(name)
+        _ip("-n", name, "link", "set", "lo", "up")
+
+    def _build(self):
+        self._netns_add(self.switch)
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
+        for index, name in enumerate(self.names):
+            self._netns_add(name)
+            port = f"port{index}"
+            _ip("link", "add", "name", "eth0", "netns", name, "type", "veth", "peer", "name", port, "netns", self.switch)
+            _ip("-n", self.switch, "link", "set", port, "master", "br0")
+            _ip("-n", self.switch, "link", "set", port, "up")
+            _ip("-n", name, "addr", "add", f"{GOOD_NET}.{index + 1}/24", "dev", "eth0")
+            _ip("-n", name, "link", "set", "eth0", "up")
+            # docker0: up, with an address, and a dead end (its peer takes no address).
+            _ip("-n", name, "link", "add", "docker0", "type", "veth", "peer", "name", "vethdead0")
+            _ip("-n", name, "addr", "add", f"{BAD_NET}.{index + 1}/24", "dev", "docker0")
+            _ip("-n", name, "link", "set", "docker0", "up")
+            _ip("-n", name, "link", "set", "vethdead0", "up")
+
+    def run(self, host, cmd):
+        return ["ip", "netns", "exec", self.names[host], *cmd]
+
+    def pids(self):
+        """Processes still running inside any of the namespaces."""
+        found = []
+        for name in self.created:
+            result = _ip("netns", "pids", name, check=False)
+            found += [int(pid) for pid in result.stdout.split()]
+        return found
+
+    def destroy(self):
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for name in reversed(self.created):
+            _ip("netns", "del", name, check=False)
+        self.created = []
+
+
+@pytest.fixture
+def hosts():
+    built = []
+
+    def build(count):
+        built.append(Hosts(count))
+        return built[-1]
+
+    yield build
+    for network in built:
+        network.destroy()
+    leftover = set(_ip("netns", "list").stdout.split()) & {n for net in built for n in [net.switch, *net.names]}
+    assert not leftover, f"namespaces left behind: {leftover}"
+
+
+def start(cmd, env):
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env,
+                            start_new_session=True)
+
+
+def finish(jobs, timeout):
+    """Waits for every job; returns [(returncode, output, seconds from start)]; kills leftovers' groups."""
+    started = time.monotonic()
+    try:
+        results = []
+        for job in jobs:
+            output = job.communicate(timeout=max(1.0, started + timeout - time.monotonic()))[0]
+            results.append((job.returncode, output, time.monotonic() - started))
+        return results
+    finally:
+        for job in jobs:
+            try:
+                os.killpg(job.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            job.wait()
+
+
+def host_environment(ifname, **extra):
+    return {**rank_environment(), "DDPLITE_SOCKET_IFNAME": ifname, "DDPLITE_DEBUG": "INFO", **extra}
+
+
+def assert_same_parameters(checkpoint, reference):
+    assert checkpoint["config"] == reference["config"]
+    assert checkpoint["model"].keys() == reference["model"].keys()
+    for name, tensor in reference["model"].items():
+        assert torch.equal(checkpoint["model"][name], tensor), name
+
+
+def listen_lines(output):
+    return [line for line in output.splitlines() if " listens on " in line]
+
+
+@pytest.fixture(scope="module")
+def synthetic_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("generated-cifar10"))
+
+
+@pytest.fixture(scope="module")
+def one_host_four_ranks(tmp_path_factory, synthetic_dir):
+    """The reference: 4 ranks on one host (torchrun --standalone), the same tiny run."""
+    if _UNAVAILABLE is not None:
+        pytest.skip(_UNAVAILABLE)
+    run_dir = tmp_path_factory.mktemp("one-host-4")
+    result = subprocess.run(command(str(run_dir), synthetic_dir, *FEW_STEPS, nproc=4), capture_output=True,
+                            text=True, timeout=300, cwd=REPO, env=rank_environment())
+    assert result.returncode == 0, result.stdout + result.stderr[-5000:]
+    return load_checkpoint(run_dir)
+
+
+def test_two_hosts_two_ranks_each_under_torchrun(hosts, tmp_path, synthetic_dir, one_host_four_ranks):
+    """torchrun on each host, --nnodes 2 with a c10d rendezvous on host 0's eth0;
+    DDPLITE_SOCKET_IFNAME=eth (prefix)."""
+    network = hosts(2)
+    endpoint = f"{network.addresses[0]}:{STORE_PORT}"
+    jobs = []
+    for node in range(2):
+        # The namespaces share this machine's host name, so torchrun cannot tell that host 0 holds the
+        # endpoint (is_host) nor which address the other node reaches it by (--local-addr); on real
+        # machines both follow from the host names.
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+                    "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                    "--rdzv-conf", f"is_host={int(node == 0)}", "--local-addr", network.addresses[node]]
+        cmd = [*torchrun, *command(str(tmp_path), synthetic_dir, *FEW_STEPS, nproc=None)[1:]]
+        jobs.append(start(network.run(node, cmd), host_environment("eth")))
+    results = finish(jobs, timeout=240)
+    for node, (returncode, output, _) in enumerate(results):
+        assert returncode == 0, f"host {node}:\n{output[-6000:]}"
+        lines = listen_lines(output)
+        assert len(lines) == 4, output[-6000:]  # 2 ranks x (collectives + point-to-point meshes)
+        assert all(f"listens on {network.addresses[node]}:" in line and
+                   "interface eth0 chosen by DDPLITE_SOCKET_IFNAME=eth" in line for line in lines), lines
+    assert "launcher=torchrun world_size=4" in results[0][1] + results[1][1]
+    assert_same_parameters(load_checkpoint(tmp_path), one_host_four_ranks)
+    assert network.pids() == []
+
+
+def test_four_hosts_one_rank_each_with_dist_url(hosts, tmp_path, synthetic_dir, one_host_four_ranks):
+    """One process per host, started by hand: --dist-url tcp://<host 0>:PORT --world-size 4 --rank R;
+    DDPLITE_SOCKET_IFNAME==eth0 (exact)."""
+    network = hosts(4)
+    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
+    env = host_environment("=eth0", OMP_NUM_THREADS="1")  # as torchrun sets it, like the reference
+    jobs = [start(network.run(rank, command(str(tmp_path), synthetic_dir, *FEW_STEPS, "--dist-url", url,
+                                            "--world-size", "4", "--rank", str(rank), nproc=None)), env)
+            for rank in range(4)]
+    results = finish(jobs, timeout=240)
+    for rank, (returncode, output, _) in enumerate(results):
+        assert returncode == 0, f"rank {rank}:\n{output[-6000:]}"
+        lines = listen_lines(output)
+        assert len(lines) == 2 and all(f"listens on {network.addresses[rank]}:" in line and
+                                       "chosen by DDPLITE_SOCKET_IFNAME==eth0" in line for line in lines), lines
+    assert "launcher=dist-url world_size=4" in results[0][1]
+    assert_same_parameters(load_checkpoint(tmp_path), one_host_four_ranks)
+    assert network.pids() == []
+
+
+WRONG_INTERFACE_RANK = """
+import json, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+url, rank, size, timeout = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+start = time.monotonic()
+try:
+    dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size,
+                            timeout=timedelta(seconds=timeout))
+    outcome = {"raised": None}
+except Exception as error:
+    outcome = {"raised": type(error).__name__, "message": str(error)}
+outcome["seconds"] = time.monotonic() - start
+print("OUTCOME " + json.dumps(outcome), flush=True)
+"""
+
+
+def test_wrong_interface_fails_on_every_rank_within_the_timeout(hosts):
+    """The store is on eth0 (reachable), but DDPLITE_SOCKET_IFNAME=docker0 makes every rank listen
+    where no peer can reach it: each rank raises within the group's timeout, naming the peer it
+    could not reach (or that never reached it) with the address, and pointing at DDPLITE_SOCKET_IFNAME."""
+    network, timeout = hosts(3), 10
+    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
+    env = host_environment("docker0")
+    jobs = [start(network.run(rank, [sys.executable, "-c", WRONG_INTERFACE_RANK, url, str(rank), "3", str(timeout)]),
+                  env) for rank in range(3)]
+    results = finish(jobs, timeout=120)
+    bad = [f"{BAD_NET}.{i + 1}" for i in range(3)]
+    for rank, (returncode, output, _) in enumerate(results):
+        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
+        assert reported, f"rank {rank}:\n{output[-5000:]}"
+        outcome = json.loads(reported[0][len("OUTCOME "):])
+        message = outcome["message"] if outcome["raised"] else ""
+        assert outcome["raised"] == "DistBackendError", (rank, outcome, output[-3000:])
+        # torch.distributed measures from init_process_group; the group's timeout bounds the set-up
+        assert outcome["seconds"] < timeout + 5, (rank, outcome)
+        assert "DDPLITE_SOCKET_IFNAME" in message and "Hint:" in message, message
+        assert f"listens on {bad[rank]}:" in message or f"listening on {bad[rank]}:" in message, message
+        assert "interface docker0 chosen by DDPLITE_SOCKET_IFNAME=docker0" in message, message
+        if rank == 0:
+            # waits for ranks 1 and 2, and quotes the first one that gave up on it
+            assert "timed out waiting for rank(s) 1, 2 to connect" in message, message
+            assert f"could not connect to rank 0 at {bad[0]}:" in message, message
+        else:
+            assert f"rank {rank} could not connect to rank 0 at {bad[0]}:" in message, message
+        print(f"rank {rank}: {outcome['seconds']:.1f} s: {message.splitlines()[0]}")
+    assert network.pids() == []
