@@ -17,8 +17,9 @@ Launchers: torchrun (``env://``, single- or multi-node); ``--spawn N`` (torch.mu
 ``file://`` store, for one machine); ``--dist-url tcp://IP:PORT --world-size N --rank R``, the flags
 of PyTorch's ImageNet example: each rank started by hand, on any machine, joined through rank 0's
 ``IP:PORT``; ``--spawn N --dist-url tcp://IP:PORT`` with ``--world-size M --rank R`` spawns N ranks on
-each of M machines (this is machine R; global ranks R*N .. R*N+N-1); mpirun, detected from OpenMPI's and MPICH's variables, needs an ``mpi://``
-rendezvous that ddplite does not have yet, and says so. Without any, one process trains.
+each of M machines (this is machine R; global ranks R*N .. R*N+N-1); mpirun, detected from
+Open MPI's and MPICH's variables, joins through ddplite's ``mpi://`` rendezvous (MPI gives rank
+and size, MPI_Bcast the store's address). Without any, one process trains.
 
 Data: torchvision's CIFAR10 loader (``download=False``) on ``<data-dir>/cifar-10-batches-py``. When
 that holds no CIFAR-10, a generated stand-in in the same file format is made once under
@@ -169,16 +170,9 @@ def spawned_rank(local_rank, args, processes, machines, machine, init_method):
 
 
 def init_process_group(backend, launch):
-    try:
-        dist.init_process_group(backend, init_method=launch.init_method, rank=launch.rank,
-                                world_size=launch.world_size)
-    except RuntimeError as error:
-        if launch.init_method == "mpi://" and "No rendezvous handler" in str(error):
-            raise SystemExit(
-                f"launched by mpirun, which needs an mpi:// rendezvous, and none is registered "
-                f"(ddplite's MPI rendezvous is not implemented yet). Launch with torchrun or --spawn N.\n"
-                f"({error})") from error
-        raise
+    if launch.init_method == "mpi://":
+        import torch_ddp_lite  # noqa: F401 - registers mpi:// when torch's autoload is off; any backend can use it
+    dist.init_process_group(backend, init_method=launch.init_method, rank=launch.rank, world_size=launch.world_size)
 
 
 def select_device(kind, local_rank):

@@ -8,6 +8,7 @@ torch_ddp_lite (PYTHONPATH), whatever other copy is installed.
 import csv
 import os
 import pickle
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,8 @@ import time
 import numpy as np
 import pytest
 import torch
+
+import torch_ddp_lite
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "examples", "train_cifar10.py")
@@ -324,3 +327,20 @@ def test_cuda_images_per_second_ddplite_against_nccl(tmp_path, synthetic_dir):
         xfail_if_ddplite_has_no_cuda(output)
     assert finished, output
     print(f"world size 1, resnet18, batch 256: nccl {nccl:.0f} images/s, ddplite {ddplite:.0f} images/s")
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None or not torch_ddp_lite.build_info()["mpi"],
+                    reason="needs mpirun and ddplite built with MPI (scripts/setup.sh installs both)")
+@pytest.mark.parametrize("transport", ["tcp", "mpi"])
+def test_mpirun_launch_matches_torchrun(tmp_path, synthetic_dir, few_steps_ddplite, transport):
+    """mpirun -np 2: the script sees Open MPI's variables and joins through mpi://; on 2 ranks the
+    MPI data path sums in the same order, so both transports end bitwise equal to torchrun."""
+    from test_mpi import mpirun_environment
+
+    env = mpirun_environment(DDPLITE_CPU_TRANSPORT=transport)
+    mpirun = [shutil.which("mpirun"), "--bind-to", "none", "-x", "DDPLITE_CPU_TRANSPORT", "-np", "2"]
+    result = subprocess.run(mpirun + command(str(tmp_path), synthetic_dir, *FEW_STEPS, nproc=None), capture_output=True,
+                            text=True, timeout=240, cwd=REPO, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr[-5000:]
+    assert "launcher=mpirun world_size=2" in result.stdout, result.stdout
+    assert_same_parameters(load_checkpoint(tmp_path), few_steps_ddplite)
