@@ -38,7 +38,10 @@ def find_nccl():
 
     Order: DDPLITE_NCCL_HOME (include/ and lib/ under it), then the nvidia-nccl wheel (the very
     libnccl.so.2 torch loads), then the header in CUDA_HOME with the wheel's or CUDA's library.
+    DDPLITE_WITH_NCCL=0 builds without NCCL even where it is found.
     """
+    if os.environ.get("DDPLITE_WITH_NCCL", "1") == "0":
+        return None, "DDPLITE_WITH_NCCL=0"
     if not torch.version.cuda:
         return None, "torch is a CPU-only build"
     wheel = nccl_wheel_folder()

@@ -74,7 +74,7 @@ fi
 stamp_file="$REPO/build/.ddplite-build-stamp"
 stamp=$( { cat setup.py pyproject.toml _ddplite_autoload.py; find csrc -type f | sort | xargs cat;
            "$PYTHON" -c "import torch; print(torch.__version__)"; command -v mpicxx || true;
-           echo "${DDPLITE_WITH_MPI:-1}"; } | sha256sum | cut -d' ' -f1)
+           echo "${DDPLITE_WITH_MPI:-1} ${DDPLITE_WITH_NCCL:-1}"; } | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] \
    && "$PYTHON" -c "import torch_ddp_lite" >/dev/null 2>&1; then
   say "extension up to date"
