@@ -121,25 +121,30 @@ def same_as_other_backend(rank, world_size, other_backend):
 
 
 def coalesced_and_fp8(rank, world_size):
-    """Coalesced collectives through the Backend object, and float8 against the closed form."""
-    from torch.distributed import AllgatherOptions, AllreduceCoalescedOptions, ReduceScatterOptions
+    """Coalesced collectives through the ProcessGroup, and float8 against the closed form.
+
+    torch.distributed has no public wrappers for these three; the ProcessGroup methods dispatch on
+    the tensors' device to ddplite's backend for CUDA. float8 runs on NCCL and on the staged path
+    alike (staging moves its bytes, and reduces through float32: MAX stays exact).
+    """
+    from torch._C._distributed_c10d import AllgatherOptions, AllreduceCoalescedOptions, ReduceScatterOptions
     device = take_gpu(rank)
     checks = Checks(rank)
-    backend = dist.group.WORLD._get_backend(device)
+    pg = dist.group.WORLD
     tensors = [inputs(rank, torch.float32, device, n) for n in (3, 1000, 70000)]
     expected = [sum(inputs(r, torch.float32, device, t.numel()) for r in range(world_size)) for t in tensors]
-    backend.allreduce_coalesced(tensors, AllreduceCoalescedOptions()).wait()
+    pg.allreduce_coalesced(tensors, AllreduceCoalescedOptions()).wait()
     for index, (t, e) in enumerate(zip(tensors, expected)):
         checks.same(f"allreduce_coalesced[{index}]", t, e)
     ins = [inputs(rank, torch.int32, device, n) for n in (5, 4096)]
     outs = [torch.zeros(n * world_size, dtype=torch.int32, device=device) for n in (5, 4096)]
-    backend.allgather_into_tensor_coalesced(outs, ins, AllgatherOptions()).wait()
+    pg.allgather_into_tensor_coalesced(outs, ins, AllgatherOptions()).wait()
     for index, (o, n) in enumerate(zip(outs, (5, 4096))):
         checks.same(f"allgather_into_tensor_coalesced[{index}]", o,
                     torch.cat([inputs(r, torch.int32, device, n) for r in range(world_size)]))
     ins = [inputs(rank, torch.float64, device, n * world_size) for n in (5, 4096)]
     outs = [torch.zeros(n, dtype=torch.float64, device=device) for n in (5, 4096)]
-    backend.reduce_scatter_tensor_coalesced(outs, ins, ReduceScatterOptions()).wait()
+    pg.reduce_scatter_tensor_coalesced(outs, ins, ReduceScatterOptions()).wait()
     for index, (o, n) in enumerate(zip(outs, (5, 4096))):
         total = sum(inputs(r, torch.float64, device, n * world_size) for r in range(world_size))
         checks.same(f"reduce_scatter_tensor_coalesced[{index}]", o, total[rank * n:(rank + 1) * n])
@@ -154,6 +159,9 @@ def coalesced_and_fp8(rank, world_size):
             dist.all_gather_into_tensor(out, inputs(rank, dtype, device))
             checks.same(f"all_gather_into_tensor {dtype}", out,
                         torch.cat([inputs(r, dtype, device) for r in range(world_size)]))
+            b = inputs(rank, dtype, device)
+            dist.broadcast(b, src=0)
+            checks.same(f"broadcast {dtype}", b, inputs(0, dtype, device))
     return checks.result()
 
 

@@ -502,7 +502,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::send(std::vector<at::Tensor>& ten
   const OpContext ctx = nextP2pContext("send");
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "send");
   validation::checkPeer(ctx, dstRank, "send to");
-  if (routesToCuda(ctx, tensor)) return cuda_->send(tensors, dstRank, tag);
+  if (routesToCuda(ctx, tensor)) return cuda_->send(tensors, dstRank, tag, ctx);
   auto work = c10::make_intrusive<DdpliteWork>(ctx, OpType::SEND, std::vector<at::Tensor>{tensor});
   p2p_->send(dstRank, tag, tensor.contiguous(), Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
              [work, ctx](std::exception_ptr error, int source) {
@@ -525,7 +525,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
   const OpContext ctx = nextP2pContext(op);
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "recv");
   if (srcRank != cpu::P2pEngine::kAnySource) validation::checkPeer(ctx, srcRank, "receive from");
-  if (routesToCuda(ctx, tensor)) return cuda_->recv(tensors, srcRank, tag);
+  if (routesToCuda(ctx, tensor)) return cuda_->recv(tensors, srcRank, tag, ctx);
   auto work = c10::make_intrusive<DdpliteWork>(
       ctx, srcRank == cpu::P2pEngine::kAnySource ? OpType::RECVANYSOURCE : OpType::RECV, std::vector<at::Tensor>{tensor});
   // The engine fills a contiguous tensor; a strided one gets its copy on the engine thread.

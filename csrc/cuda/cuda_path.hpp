@@ -12,6 +12,7 @@
 // backend's order mutex (CudaPathDeps::orderMutex), the same lock that orders CPU collectives.
 #pragma once
 
+#include "common/errors.hpp"
 #include "rendezvous/bootstrap.hpp"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -71,8 +72,13 @@ class CudaPath {
                                                        const c10d::AllToAllOptions& opts) = 0;
   virtual c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                   const c10d::AllToAllOptions& opts) = 0;
-  virtual c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) = 0;
-  virtual c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) = 0;
+  // Point-to-point ops arrive with the backend's context: `ctx.seq` is its p2p sequence number
+  // (one per send/recv, separate from the collective sequence); the path uses it as is.
+  // recv: srcRank < 0 means any source.
+  virtual c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag,
+                                              const OpContext& ctx) = 0;
+  virtual c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag,
+                                              const OpContext& ctx) = 0;
   // A one-element allreduce on `device`; its wait() blocks the host until every rank arrived.
   virtual c10::intrusive_ptr<c10d::Work> barrier(at::Device device, const c10d::BarrierOptions& opts) = 0;
 

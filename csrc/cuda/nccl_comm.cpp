@@ -103,19 +103,39 @@ std::unique_ptr<NcclComm> NcclComm::create(Bootstrap& bootstrap, const std::stri
 }
 
 NcclComm::~NcclComm() {
+  std::lock_guard<std::timed_mutex> lock(mutex_);  // no Lease outlives the owner; wait out a late abort()
   if (!aborted_.load() && comm_ != nullptr) {
     ncclCommDestroy(comm_);  // errors at teardown have no one left to report to
   }
 }
 
-ncclResult_t NcclComm::asyncError() const {
-  if (aborted_.load()) return ncclSuccess;
+ncclResult_t NcclComm::asyncError(std::string& detail) {
+  std::unique_lock<std::timed_mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || aborted_.load()) return ncclSuccess;
   ncclResult_t state = ncclSuccess;
   const ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
-  return result != ncclSuccess ? result : state;
+  const ncclResult_t error = result != ncclSuccess ? result : state;
+  if (error != ncclSuccess && error != ncclInProgress) detail = describeFailure("ncclCommGetAsyncError", error, comm_);
+  return error;
+}
+
+NcclComm::Lease::Lease(NcclComm& owner) : owner_(owner), lock_(owner.mutex_) {}
+
+NcclComm::Lease::~Lease() {
+  if (owner_.abortRequested_.load()) owner_.abortLocked();
 }
 
 void NcclComm::abort() {
+  std::unique_lock<std::timed_mutex> lock(mutex_, std::defer_lock);
+  if (!lock.try_lock_for(kAbortWait)) {
+    // A launch holds the handle (blocked inside NCCL); its Lease aborts on release.
+    abortRequested_.store(true);
+    if (!lock.try_lock()) return;  // else the holder released it just now: abort here
+  }
+  abortLocked();
+}
+
+void NcclComm::abortLocked() {
   if (aborted_.exchange(true)) return;
   ncclCommAbort(comm_);
 }

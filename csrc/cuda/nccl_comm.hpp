@@ -6,8 +6,17 @@
 // independently (a subgroup may touch CUDA before the world group does), and a fresh init needs
 // nothing but the group's own Bootstrap.
 //
-// Threads: create() is collective (every rank of the group calls it, in the same order); get()
+// Threads: create() is collective (every rank of the group calls it, in the same order); lease()
 // from the launching thread; asyncError() from the watchdog; abort() from any thread, any time.
+//
+// Lifetime of the raw ncclComm_t: ncclCommAbort frees it, so a launch must not use it while
+// abort() runs. The launching thread holds a Lease (the communicator's own mutex) from the
+// moment it reads the handle until its last NCCL call of the op has returned; abort() takes the
+// same mutex. abort() waits for it at most kAbortWait: a launch that is blocked inside NCCL on the
+// host (lazy connection set-up to a peer that never comes) cannot be aborted safely, so abort()
+// then leaves a request that the Lease performs when it is released.
+// Lock order: the backend's order mutex -> NcclComm::mutex_ (launch); NcclPath::commsMutex_ ->
+// NcclComm::mutex_ (failGroup, timed). Nothing is acquired while a Lease is held except by NCCL.
 #pragma once
 
 #include "common/errors.hpp"
@@ -17,7 +26,9 @@
 #include <c10/core/Device.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -50,19 +61,41 @@ class NcclComm {
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
-  ncclComm_t get() const { return comm_; }
+  // Exclusive use of the handle for one launch. comm() is nullptr if the communicator was aborted.
+  class Lease {
+   public:
+    explicit Lease(NcclComm& owner);
+    ~Lease();  // performs an abort() requested while held, then unlocks
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ncclComm_t comm() const { return owner_.aborted_.load() ? nullptr : owner_.comm_; }
+
+   private:
+    NcclComm& owner_;
+    std::unique_lock<std::timed_mutex> lock_;
+  };
+  Lease lease() { return Lease(*this); }
+
   at::Device device() const { return device_; }
-  // ncclCommGetAsyncError; ncclSuccess once aborted (the abort's cause is reported elsewhere).
-  ncclResult_t asyncError() const;
-  // ncclCommAbort: kernels in flight on this communicator exit. Idempotent.
+  // ncclCommGetAsyncError, with `detail` set to its description on an error; ncclSuccess once
+  // aborted (the abort's cause is reported elsewhere) or while a Lease holds the handle (the
+  // next poll asks again; a failing NCCL call of that launch reports itself).
+  ncclResult_t asyncError(std::string& detail);
+  // ncclCommAbort: kernels in flight on this communicator exit. Idempotent. Waits up to
+  // kAbortWait for a Lease holder; past that the holder aborts when it releases its Lease.
   void abort();
+  static constexpr std::chrono::milliseconds kAbortWait{2000};
   bool aborted() const { return aborted_.load(); }
 
  private:
   NcclComm(ncclComm_t comm, at::Device device) : comm_(comm), device_(device) {}
 
+  void abortLocked();  // with mutex_ held
+
   ncclComm_t comm_;
   at::Device device_;
+  std::timed_mutex mutex_;                    // held by a Lease, and by abort() around ncclCommAbort
+  std::atomic<bool> abortRequested_{false};  // abort() could not get mutex_ in time
   std::atomic<bool> aborted_{false};
 };
 

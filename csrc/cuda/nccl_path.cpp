@@ -78,6 +78,13 @@ NcclPath::DeviceState& NcclPath::stateFor(const char* op, at::Device device) {
   return devices_.emplace(device.index(), std::move(state)).first->second;
 }
 
+bool NcclPath::knownStaged(at::Device device) {
+  if (env::cudaStaging() == env::CudaStaging::kAlways) return true;
+  std::lock_guard<std::mutex> lock(initMutex_);
+  auto found = devices_.find(device.index());
+  return found != devices_.end() && found->second.staged;
+}
+
 void NcclPath::createCommunicator(const OpContext& ctx, at::Device device, DeviceState& state, int ordinal) {
   state.comm = NcclComm::create(deps_.bootstrap, strCat("nccl/uid", ordinal), ctx, device);
   state.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
@@ -86,7 +93,7 @@ void NcclPath::createCommunicator(const OpContext& ctx, at::Device device, Devic
     comms_.push_back(state.comm.get());
   }
   if (!watchdog_) {
-    watchdog_ = std::make_unique<NcclWatchdog>([this] { return checkComms(); },
+    watchdog_ = std::make_unique<NcclWatchdog>(device, [this] { return checkComms(); },
                                                [this](const WatchdogFailure& failure) { failGroup(failure); });
   }
 }
@@ -94,10 +101,10 @@ void NcclPath::createCommunicator(const OpContext& ctx, at::Device device, Devic
 WatchdogFailure NcclPath::checkComms() {
   std::lock_guard<std::mutex> lock(commsMutex_);
   for (NcclComm* comm : comms_) {
-    const ncclResult_t error = comm->asyncError();
+    std::string detail;
+    const ncclResult_t error = comm->asyncError(detail);
     if (error != ncclSuccess && error != ncclInProgress) {
-      return WatchdogFailure{strCat("NCCL reported an asynchronous error on ", comm->device(), ": ",
-                                    describeFailure("ncclCommGetAsyncError", error, comm->get()),
+      return WatchdogFailure{strCat("NCCL reported an asynchronous error on ", comm->device(), ": ", detail,
                                     "; the communicator was aborted"),
                              hintFor(error)};
     }
@@ -105,6 +112,8 @@ WatchdogFailure NcclPath::checkComms() {
   return WatchdogFailure{};
 }
 
+// Any thread (the watchdog, a launch that failed, abort/shutdown), holding no NcclComm Lease.
+// Each abort waits for a launch using that communicator at most NcclComm::kAbortWait.
 void NcclPath::failGroup(const WatchdogFailure& failure) {
   {
     std::lock_guard<std::mutex> lock(brokenMutex_);
@@ -176,8 +185,8 @@ void NcclPath::requireDirect(const OpContext& ctx, const std::vector<at::Tensor>
 c10::intrusive_ptr<c10d::Work> NcclPath::launch(DeviceState& state, Call call,
                                                 const std::function<void(const Launch&)>& body) {
   std::lock_guard<std::mutex> lock(deps_.orderMutex);
-  const uint64_t seq = call.pointToPoint ? p2pSeq_.load() + 1 : deps_.seq.load() + 1;
-  const OpContext ctx{deps_.rank, deps_.size, call.op, seq};
+  // send/recv keep the number the backend gave them; collectives take the next group number.
+  const OpContext ctx = call.p2p ? *call.p2p : OpContext{deps_.rank, deps_.size, call.op, deps_.seq.load() + 1};
   throwIfBroken(ctx);
 
   c10::cuda::CUDAGuard deviceGuard(call.device);
@@ -186,15 +195,40 @@ c10::intrusive_ptr<c10d::Work> NcclPath::launch(DeviceState& state, Call call,
                                             deps_.resolveTimeout(call.timeout), call.barrier);
   work->waitForCaller(c10::cuda::getCurrentCUDAStream(call.device.index()), ncclStream);
   std::vector<at::Tensor> scratch;
-  {
-    c10::cuda::CUDAStreamGuard streamGuard(ncclStream);
-    body(Launch{ctx, state.comm->get(), ncclStream, &scratch});
-  }
+  issue(state, ctx, ncclStream, body, scratch);
   work->stash(concat(concat(call.keepAlive, call.outputs), scratch));
   work->markLaunched(ncclStream);
-  (call.pointToPoint ? p2pSeq_ : deps_.seq) = seq;
+  if (!call.p2p) deps_.seq = ctx.seq;
   watchdog_->watch(work);
   return work;
+}
+
+void NcclPath::issue(DeviceState& state, const OpContext& ctx, const c10::cuda::CUDAStream& stream,
+                     const std::function<void(const Launch&)>& body, std::vector<at::Tensor>& scratch) {
+  std::exception_ptr failure;
+  std::string what;
+  {
+    NcclComm::Lease lease = state.comm->lease();
+    if (lease.comm() == nullptr) {
+      throwIfBroken(ctx);  // failGroup records its reason before it aborts
+      throwDistError(ctx, "the NCCL communicator was aborted", "destroy this group and create a new one");
+    }
+    try {
+      c10::cuda::CUDAStreamGuard streamGuard(stream);
+      body(Launch{ctx, lease.comm(), stream, &scratch});
+    } catch (const c10::Error& error) {  // DistBackendError from an NCCL call, ValueError, CUDA errors
+      what = error.what_without_backtrace();
+      failure = std::current_exception();
+    } catch (const std::exception& error) {
+      what = error.what();
+      failure = std::current_exception();
+    }
+  }  // the Lease is released before failGroup aborts the communicator
+  if (!failure) return;
+  failGroup(WatchdogFailure{strCat(ctx.op, " #", ctx.seq, " failed while it was being issued on ", stream.device(),
+                                   ": [", what, "]; the NCCL communicators were aborted"),
+                            "fix the first failure; then destroy this group and create a new one"});
+  std::rethrow_exception(failure);
 }
 
 // ---- collectives -------------------------------------------------------------------------
@@ -393,30 +427,34 @@ c10::intrusive_ptr<c10d::Work> NcclPath::alltoall(std::vector<at::Tensor>& outpu
 
 // Point-to-point: the tag is not sent (NCCL matches sends and receives by order per peer).
 // The first CUDA op of a group must be one every rank issues (it creates the communicator).
-c10::intrusive_ptr<c10d::Work> NcclPath::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+c10::intrusive_ptr<c10d::Work> NcclPath::send(std::vector<at::Tensor>& tensors, int dstRank, int tag,
+                                              const OpContext& ctx) {
   at::Tensor tensor = tensors.front();
   DeviceState& state = stateFor("send", tensor.device());
-  if (state.staged) return staged_.send(tensors, dstRank, tag);
-  const OpContext ctx = peekContext("send");
+  if (state.staged) return staged_.send(tensors, dstRank, tag, ctx);
   requireDirect(ctx, {tensor}, tensor.device());
   toNcclType(ctx, tensor.scalar_type());
   Call call{"send", OpType::SEND, tensor.device(), {tensor}, {}, std::chrono::milliseconds(-1)};
-  call.pointToPoint = true;
+  call.p2p = ctx;
   return launch(state, call, [&](const Launch& l) { nccl::send(l, tensor, dstRank); });
 }
 
-c10::intrusive_ptr<c10d::Work> NcclPath::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+c10::intrusive_ptr<c10d::Work> NcclPath::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag,
+                                              const OpContext& ctx) {
   at::Tensor tensor = tensors.front();
-  DeviceState& state = stateFor("recv", tensor.device());
-  if (state.staged) return staged_.recv(tensors, srcRank, tag);
-  const OpContext ctx = peekContext("recv");
-  if (srcRank < 0) {
-    throwValueError(ctx, "NCCL cannot receive from any source", "name the source rank: recv(tensor, src=...)");
+  // Refused before stateFor(): on a device's first use that is collective, and this rank would
+  // leave the others waiting in it. A device already known to be staged serves any source.
+  if (srcRank < 0 && !knownStaged(tensor.device())) {
+    throwValueError(ctx, "NCCL cannot receive from any source (or this GPU's path is not settled yet: its first "
+                         "CUDA op must be one every rank issues)",
+                    "name the source rank: recv(tensor, src=...)");
   }
+  DeviceState& state = stateFor("recv", tensor.device());
+  if (state.staged) return staged_.recv(tensors, srcRank, tag, ctx);
   requireDirect(ctx, {tensor}, tensor.device());
   toNcclType(ctx, tensor.scalar_type());
   Call call{"recv", OpType::RECV, tensor.device(), {tensor}, {}, std::chrono::milliseconds(-1)};
-  call.pointToPoint = true;
+  call.p2p = ctx;
   return launch(state, call, [&](const Launch& l) { nccl::recv(l, tensor, srcRank); });
 }
 

@@ -60,8 +60,10 @@ class NcclPath final : public CudaPath {
                                                const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag,
+                                      const OpContext& ctx) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag,
+                                      const OpContext& ctx) override;
   c10::intrusive_ptr<c10d::Work> barrier(at::Device device, const c10d::BarrierOptions& opts) override;
   void abort() override;
   void shutdown() override;
@@ -79,7 +81,7 @@ class NcclPath final : public CudaPath {
     std::vector<at::Tensor> outputs;    // what result() and the future hold
     std::vector<at::Tensor> keepAlive;  // inputs NCCL reads
     std::chrono::milliseconds timeout;
-    bool pointToPoint = false;
+    std::optional<OpContext> p2p;  // send/recv: the backend's context (its p2p sequence number)
     bool barrier = false;
   };
 
@@ -88,7 +90,14 @@ class NcclPath final : public CudaPath {
   // Collective on a device's first use: decides NCCL or staging, creates the communicator.
   DeviceState& stateFor(const char* op, at::Device device);
   void createCommunicator(const OpContext& ctx, at::Device device, DeviceState& state, int ordinal);
+  // Not collective: true if `device` is served by StagedPath already (or staging is forced).
+  bool knownStaged(at::Device device);
   c10::intrusive_ptr<c10d::Work> launch(DeviceState& state, Call call, const std::function<void(const Launch&)>& body);
+  // Runs `body` under the communicator's Lease with `stream` current. If it throws (an NCCL call
+  // failed, or failed half-way through a group), the group is failed (failGroup) and the error
+  // rethrown: the ranks' NCCL streams may no longer match.
+  void issue(DeviceState& state, const OpContext& ctx, const c10::cuda::CUDAStream& stream,
+             const std::function<void(const Launch&)>& body, std::vector<at::Tensor>& scratch);
   // Tensors NCCL reads or writes in place: on `device` and contiguous.
   void requireDirect(const OpContext& ctx, const std::vector<at::Tensor>& tensors, at::Device device) const;
 
@@ -101,11 +110,14 @@ class NcclPath final : public CudaPath {
   std::mutex initMutex_;                 // device states; held through communicator creation
   std::map<int, DeviceState> devices_;   // by device index
   int devicesSeen_ = 0;                  // ordinal of the next device: names its bootstrap keys
+  // Lock order: deps_.orderMutex -> NcclComm's Lease (launch); brokenMutex_ alone;
+  // commsMutex_ -> NcclComm's mutex (checkComms, failGroup: timed or try-lock); the watchdog's
+  // own mutex alone. failGroup never takes orderMutex, so the watchdog can fail a group while a
+  // launch is blocked.
   std::mutex commsMutex_;                // the list the watchdog polls
   std::vector<NcclComm*> comms_;
   std::mutex brokenMutex_;
   std::string brokenReason_;             // non-empty once aborted, failed or shut down
-  std::atomic<uint64_t> p2pSeq_{0};
   std::atomic<bool> closed_{false};
   std::unique_ptr<NcclWatchdog> watchdog_;  // started with the first communicator
 };

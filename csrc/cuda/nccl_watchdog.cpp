@@ -2,15 +2,17 @@
 
 #include "common/logging.hpp"
 
+#include <c10/cuda/CUDAFunctions.h>
+
 namespace ddplite::nccl {
 
 namespace {
 constexpr auto kPollInterval = std::chrono::milliseconds(10);
 }
 
-NcclWatchdog::NcclWatchdog(std::function<WatchdogFailure()> checkComms,
+NcclWatchdog::NcclWatchdog(at::Device device, std::function<WatchdogFailure()> checkComms,
                            std::function<void(const WatchdogFailure&)> onFailure)
-    : checkComms_(std::move(checkComms)), onFailure_(std::move(onFailure)), thread_([this] { loop(); }) {}
+    : device_(device), checkComms_(std::move(checkComms)), onFailure_(std::move(onFailure)), thread_([this] { loop(); }) {}
 
 NcclWatchdog::~NcclWatchdog() {
   stop();
@@ -45,10 +47,11 @@ bool NcclWatchdog::drain(std::chrono::steady_clock::time_point deadline) {
 void NcclWatchdog::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
   }
   wake_.notify_all();
+  // Only under joinMutex_ is thread_ read or joined; a second caller finds it joined.
+  std::lock_guard<std::mutex> join(joinMutex_);
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
@@ -89,6 +92,7 @@ void NcclWatchdog::loop() {
     lock.unlock();
     WatchdogFailure failure;
     try {
+      c10::cuda::set_device(device_.index());  // cheap when already current
       failure = poll();
     } catch (const std::exception& error) {
       failure = WatchdogFailure{strCat("the watchdog could not query CUDA: ", error.what()),

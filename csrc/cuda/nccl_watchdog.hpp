@@ -28,7 +28,10 @@ class NcclWatchdog {
  public:
   // `checkComms`: "" when healthy, else a description of the communicator error (watchdog thread).
   // `onFailure`: called once, on the watchdog thread, with what went wrong.
-  NcclWatchdog(std::function<WatchdogFailure()> checkComms, std::function<void(const WatchdogFailure&)> onFailure);
+  // `device`: made current on the watchdog thread before its first CUDA call, so event queries
+  // and the frees of retired works do not create a context on GPU 0.
+  NcclWatchdog(at::Device device, std::function<WatchdogFailure()> checkComms,
+               std::function<void(const WatchdogFailure&)> onFailure);
   ~NcclWatchdog();  // stop()
 
   void watch(c10::intrusive_ptr<NcclWork> work);
@@ -36,7 +39,8 @@ class NcclWatchdog {
   void failAll(const WatchdogFailure& failure);
   // Blocks until no work is pending or `deadline`; true if drained.
   bool drain(std::chrono::steady_clock::time_point deadline);
-  // Joins the thread (idempotent). Pending works stay pending.
+  // Joins the thread (idempotent; any thread but the watchdog's own, several at once). Pending
+  // works stay pending.
   void stop();
 
  private:
@@ -44,6 +48,7 @@ class NcclWatchdog {
   // One pass; returns a failure to report, or an empty `what`.
   WatchdogFailure poll();
 
+  at::Device device_;
   std::function<WatchdogFailure()> checkComms_;
   std::function<void(const WatchdogFailure&)> onFailure_;
   std::mutex mutex_;
@@ -51,7 +56,8 @@ class NcclWatchdog {
   std::deque<c10::intrusive_ptr<NcclWork>> pending_;
   bool stopping_ = false;
   bool reported_ = false;
-  std::thread thread_;  // last: uses everything above
+  std::mutex joinMutex_;  // serializes stop()'s join: abort() and shutdown() may race
+  std::thread thread_;   // last: uses everything above
 };
 
 }  // namespace ddplite::nccl
