@@ -22,6 +22,14 @@
 namespace py = pybind11;
 
 namespace {
+ddplite::DdpliteBackend& asDdplite(const c10::intrusive_ptr<c10d::Backend>& backend) {
+  auto* group = dynamic_cast<ddplite::DdpliteBackend*>(backend.get());
+  if (group == nullptr) throw py::type_error("not a ddplite backend");
+  return *group;
+}
+}  // namespace
+
+namespace {
 
 // build_info()["nccl"]: whether the CUDA path is compiled in, and against which NCCL.
 py::dict ncclBuildInfo() {
@@ -88,20 +96,18 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "group_transport",
       [](const c10::intrusive_ptr<c10d::Backend>& backend) {
-        auto* ddplite = dynamic_cast<ddplite::DdpliteBackend*>(backend.get());
-        if (ddplite == nullptr) throw py::type_error("not a ddplite backend");
-        return py::make_tuple(std::string(ddplite->cpuTransportName()), std::string(ddplite->bootstrap().name()));
+        ddplite::DdpliteBackend& group = asDdplite(backend);
+        return py::make_tuple(std::string(group.cpuTransportName()), std::string(group.bootstrap().name()));
       },
       py::arg("backend"), "(CPU collective transport, bootstrap) of a ddplite group: ('tcp'|'mpi', 'store'|'mpi').");
   m.def(
       "bootstrap_broadcast",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& key, const std::string& blob, int root) {
-        auto* ddplite = dynamic_cast<ddplite::DdpliteBackend*>(backend.get());
-        if (ddplite == nullptr) throw py::type_error("not a ddplite backend");
+        ddplite::DdpliteBackend& group = asDdplite(backend);
         std::string result;
         {
           py::gil_scoped_release release;
-          result = ddplite->bootstrap().broadcast(key, blob, root);
+          result = group.bootstrap().broadcast(key, blob, root);
         }
         return py::bytes(result);
       },

@@ -105,3 +105,19 @@ def run_ranks(fn, world_size, *args, backend="ddplite", timeout_s=240, pg_timeou
 
     return [torch.load(io.BytesIO(outcomes[rank][1]), weights_only=False) if rank in outcomes else None
             for rank in range(world_size)]
+
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def mpirun_environment(**extra):
+    """What our scripts set for Open MPI: root is allowed (CI containers run as root), more ranks
+    than cores, no cross-memory attach (refused in containers), one thread per rank."""
+    env = dict(os.environ)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DDPLITE_CPU_TRANSPORT"):
+        env.pop(name, None)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [_REPO, env.get("PYTHONPATH")])))
+    env.update(extra)
+    return env

@@ -26,6 +26,7 @@ SCRIPT = os.path.join(REPO, "examples", "train_cifar10.py")
 sys.path.insert(0, os.path.join(REPO, "examples"))
 
 import cifar10_data  # noqa: E402  (lives beside the script, not in a package)
+from harness import mpirun_environment  # noqa: E402
 
 TINY = ["--arch", "resnet9", "--width", "8", "--batch-size", "32", "--lr", "0.05",
         "--synthetic-train-size", "2000", "--synthetic-test-size", "500"]
@@ -335,8 +336,6 @@ def test_cuda_images_per_second_ddplite_against_nccl(tmp_path, synthetic_dir):
 def test_mpirun_launch_matches_torchrun(tmp_path, synthetic_dir, few_steps_ddplite, transport):
     """mpirun -np 2: the script sees Open MPI's variables and joins through mpi://; on 2 ranks the
     MPI data path sums in the same order, so both transports end bitwise equal to torchrun."""
-    from test_mpi import mpirun_environment
-
     env = mpirun_environment(DDPLITE_CPU_TRANSPORT=transport)
     mpirun = [shutil.which("mpirun"), "--bind-to", "none", "-x", "DDPLITE_CPU_TRANSPORT", "-np", "2"]
     result = subprocess.run(mpirun + command(str(tmp_path), synthetic_dir, *FEW_STEPS, nproc=None), capture_output=True,

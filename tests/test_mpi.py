@@ -13,7 +13,7 @@ import torch
 
 import torch_ddp_lite
 import workers
-from harness import RankFailed, run_ranks
+from harness import RankFailed, mpirun_environment, run_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -22,19 +22,6 @@ MPI_BUILT = torch_ddp_lite.build_info()["mpi"]
 
 needs_mpirun = pytest.mark.skipif(MPIRUN is None or not MPI_BUILT,
                                   reason="needs mpirun and ddplite built with MPI (scripts/setup.sh installs both)")
-
-
-def mpirun_environment(**extra):
-    """What our scripts set for Open MPI: root is allowed (CI containers run as root), more ranks
-    than cores, no cross-memory attach (refused in containers), one thread per rank."""
-    env = dict(os.environ)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DDPLITE_CPU_TRANSPORT"):
-        env.pop(name, None)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
-               OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")])))
-    env.update(extra)
-    return env
 
 
 def mpirun(mode, ranks, out_dir, transport="tcp", timeout_s=300):

@@ -23,11 +23,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from torch_ddp_lite.rendezvous import launcher_rank
+
 CONTROL_BACKEND = "gloo"
-_MPI_ENVIRONMENTS = (
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
-    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
-)
 
 
 def launcher_ranks():
@@ -36,10 +34,9 @@ def launcher_ranks():
     if "RANK" in env and "WORLD_SIZE" in env:
         rank = int(env["RANK"])
         return rank, int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", rank))
-    for rank_name, size_name, local_name in _MPI_ENVIRONMENTS:
-        if rank_name in env and size_name in env:
-            rank = int(env[rank_name])
-            return rank, int(env[size_name]), int(env.get(local_name, rank))
+    launch = launcher_rank()
+    if launch is not None and launch.launcher.uses_mpi:
+        return launch.rank, launch.world_size, int(os.environ.get(launch.launcher.local_rank, launch.rank))
     return None
 
 
