@@ -31,6 +31,13 @@ ddplite::DdpliteBackend& asDdplite(const c10::intrusive_ptr<c10d::Backend>& back
 
 namespace {
 
+// build_info()["cpu_transports"]: the values DDPLITE_CPU_TRANSPORT accepts in this build.
+std::vector<std::string> cpuTransports() {
+  std::vector<std::string> names{"tcp"};
+  if (ddplite::mpi::compiledIn()) names.emplace_back("mpi");
+  return names;
+}
+
 // build_info()["nccl"]: whether the CUDA path is compiled in, and against which NCCL.
 py::dict ncclBuildInfo() {
 #if DDPLITE_WITH_NCCL
@@ -68,10 +75,12 @@ PYBIND11_MODULE(_C, m) {
                         py::arg("cplusplus") = static_cast<long>(__cplusplus),
                         py::arg("mpi") = ddplite::mpi::compiledIn(),
                         py::arg("mpi_library") = ddplite::mpi::libraryVersion(),
-                        py::arg("mpi_standard") = ddplite::mpi::standardVersion(), py::arg("nccl") = ncclBuildInfo());
+                        py::arg("mpi_standard") = ddplite::mpi::standardVersion(), py::arg("nccl") = ncclBuildInfo(),
+                        py::arg("cpu_transports") = cpuTransports());
       },
       "The compiler, the flags setup.py added, the C++ standard, whether MPI was compiled in (with its "
-      "library and standard versions) and the NCCL the extension was built with.");
+      "library and standard versions), the NCCL the extension was built with, and the CPU data paths "
+      "DDPLITE_CPU_TRANSPORT can name in this build.");
 
   // MPI (rendezvous/mpi.hpp). Without MPI compiled in these raise RuntimeError with a rebuild hint.
   m.def("mpi_init_world", &ddplite::mpi::initWorld, py::call_guard<py::gil_scoped_release>(),

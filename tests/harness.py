@@ -16,7 +16,8 @@ import time
 import traceback
 from datetime import timedelta
 
-_PRELOAD = ["torch", "torch.distributed", "torch_ddp_lite", "workers", "sweeps", "groups_p2p", "companions"]
+_PRELOAD = ["torch", "torch.distributed", "torch_ddp_lite", "workers", "sweeps", "groups_p2p", "companions",
+            "mismatch_workers"]
 _context = None
 
 
@@ -98,7 +99,12 @@ def run_ranks(fn, world_size, *args, backend="ddplite", timeout_s=240, pg_timeou
                 process.join(timeout=10)
                 if process.is_alive():
                     process.kill()
+                    process.join()
     errors = [f"--- rank {r} ---\n{value}" for r, (status, value) in sorted(outcomes.items()) if status == "error"]
+    if not errors:
+        # A rank that reported its result must then exit cleanly (destroy_process_group included).
+        errors = [f"--- rank {rank} ---\nexited with code {process.exitcode} after reporting its result"
+                  for rank, process in enumerate(processes) if rank not in may_exit and process.exitcode != 0]
     if errors:
         raise RankFailed("\n".join(errors))
     import torch

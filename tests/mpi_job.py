@@ -7,6 +7,8 @@ Every rank writes its result to OUT/rank<R>.pt (torch.save), which the test comp
   env     init_process_group("ddplite") with env:// and no MASTER_ADDR/RANK: found through MPI
   groups  overlapping subgroups and new_subgroups with async ops in flight (groups_p2p.py)
   stall   rank 1 skips an all_reduce: rank 0 must fail within the group's timeout, not hang
+  mismatch  the ranks disagree (a gather refused on the root, then all_reduce against broadcast):
+          every rank must raise, none may return a value (mismatch_workers.py)
 """
 
 import datetime
@@ -20,6 +22,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import groups_p2p  # noqa: E402
+import mismatch_workers  # noqa: E402
 import sweeps  # noqa: E402
 import torch_ddp_lite  # noqa: E402
 import workers  # noqa: E402
@@ -88,7 +91,17 @@ def run_stall(rank, size):
     return result
 
 
-MODES = {"sweeps": run_sweeps, "ddp": run_ddp, "env": run_env, "groups": run_groups, "stall": run_stall}
+def run_mismatch(rank, size):
+    dist.init_process_group("ddplite", init_method="mpi://", timeout=datetime.timedelta(seconds=30))
+    result = {"gather": mismatch_workers.gather_one_short(rank, size)}
+    dist.destroy_process_group()  # the group is unusable now; a fresh one for the second case
+    dist.init_process_group("ddplite", init_method="mpi://", timeout=datetime.timedelta(seconds=30))
+    result["broadcast"] = mismatch_workers.allreduce_against_broadcast(rank, size)
+    return result
+
+
+MODES = {"sweeps": run_sweeps, "ddp": run_ddp, "env": run_env, "groups": run_groups, "stall": run_stall,
+         "mismatch": run_mismatch}
 
 
 def main():
@@ -98,7 +111,7 @@ def main():
     torch.manual_seed(1234 + rank)
     result = MODES[mode](rank, size)
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    if mode != "stall" and dist.is_initialized():
+    if mode not in ("stall", "mismatch") and dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import torch_ddp_lite
-from workers import DTYPES, REDUCE_OPS, ReduceOp, Sweep, make_input, op_name, supported
+from workers import BITWISE_OPS, DTYPES, REDUCE_OPS, ReduceOp, Sweep, gloo_refuses, make_input, op_name, supported
 
 QUICK_COUNTS = [0, 1, 3, 1000]
 LARGE_COUNTS = [2 ** 20 + 1]
@@ -51,7 +51,15 @@ def label_of(op):
 
 
 def reduced(tensors, dtype, op, world_size):
-    """The closed-form reduction of `tensors` (all of `dtype`), computed in float64."""
+    """The closed-form reduction of `tensors` (all of `dtype`): bitwise ops on the integers,
+    everything else in float64 (exact: the inputs are bounded so that every sum is)."""
+    if op in BITWISE_OPS:  # on the tensors themselves: int64's 62 random bits do not fit a float64
+        combine = {ReduceOp.BAND: torch.bitwise_and, ReduceOp.BOR: torch.bitwise_or,
+                   ReduceOp.BXOR: torch.bitwise_xor}[op]
+        result = tensors[0].clone()
+        for tensor in tensors[1:]:
+            result = combine(result, tensor)
+        return result
     stacked = torch.stack([t.to(torch.float64) for t in tensors])
     if dtype == torch.bool:
         return (stacked.amax(0) > 0) if op in (ReduceOp.SUM, ReduceOp.MAX) else (stacked.amin(0) > 0)
@@ -63,10 +71,6 @@ def reduced(tensors, dtype, op, world_size):
     combine = {ReduceOp.SUM: lambda s: s.sum(0), ReduceOp.PRODUCT: lambda s: s.prod(0),
                ReduceOp.MIN: lambda s: s.amin(0), ReduceOp.MAX: lambda s: s.amax(0)}[op]
     return combine(stacked).to(dtype)
-
-
-def gloo_has(op):
-    return op not in (ReduceOp.AVG, PREMUL)
 
 
 def each_algorithm(collective):
@@ -99,9 +103,9 @@ def sweep_allreduce(rank, world_size, counts, dtypes=None):
 
             def run_gloo():
                 tensor = inputs[rank].clone()
-                dist.all_reduce(tensor, op=op, group=sweep.gloo)
+                dist.all_reduce(tensor, op=torch_op(op), group=sweep.gloo)
                 return tensor
-            reference = sweep.reference(run_gloo) if gloo_has(op) else None
+            reference = sweep.reference(run_gloo, refused=gloo_refuses(dtype, op))
             for algorithm in each_algorithm("allreduce"):
                 tensor = inputs[rank].clone()
                 dist.all_reduce(tensor, op=torch_op(op))
@@ -137,9 +141,9 @@ def sweep_reduce(rank, world_size, counts, dtypes=None):
             for root in roots:
                 def run_gloo():
                     tensor = inputs[rank].clone()
-                    dist.reduce(tensor, dst=root, op=op, group=sweep.gloo)
+                    dist.reduce(tensor, dst=root, op=torch_op(op), group=sweep.gloo)
                     return tensor
-                reference = sweep.reference(run_gloo) if gloo_has(op) else None
+                reference = sweep.reference(run_gloo, refused=gloo_refuses(dtype, op))
                 for algorithm in each_algorithm("reduce"):
                     label = f"reduce[{algorithm}] {dtype} {label_of(op)} n={count} root={root}"
                     tensor = inputs[rank].clone()
@@ -166,9 +170,9 @@ def sweep_reduce_scatter(rank, world_size, counts, dtypes=None):
 
             def run_gloo():
                 output = torch.zeros(count, dtype=dtype)
-                dist.reduce_scatter_tensor(output, torch.cat(blocks), op=op, group=sweep.gloo)
+                dist.reduce_scatter_tensor(output, torch.cat(blocks), op=torch_op(op), group=sweep.gloo)
                 return output
-            reference = sweep.reference(run_gloo) if gloo_has(op) else None
+            reference = sweep.reference(run_gloo, refused=gloo_refuses(dtype, op))
             for algorithm in each_algorithm("reduce_scatter"):
                 label = f"reduce_scatter[{algorithm}] {dtype} {label_of(op)} n={count}"
                 flat_input = torch.cat(blocks)

@@ -210,3 +210,36 @@ def test_mpi_sources_compile_without_mpi():
                    os.path.join(REPO, source)]
         completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert completed.returncode == 0, f"{source}:\n{completed.stderr[-3000:]}"
+
+
+@needs_mpirun
+@pytest.mark.parametrize("transport,ranks", [("mpi", 2), ("mpi", 3), ("tcp", 2)])
+def test_mpirun_mismatched_collectives_raise_on_every_rank(tmp_path, transport, ranks):
+    """On the MPI data path too, no rank computes with another collective's data: the
+    fingerprint all-reduce before each collective makes every rank raise, naming both sides."""
+    results = mpirun("mismatch", ranks, tmp_path, transport, timeout_s=180)
+    for rank, result in enumerate(results):
+        gather, broadcast = result["gather"], result["broadcast"]
+        # rank 0 refuses its gather; on the MPI path the others' gather meets rank 0's all_reduce in
+        # the fingerprint all-reduce and raises there, on TCP it completes (bytes sent, nothing received)
+        assert ("error" in gather["gather"]) == (rank == 0 or transport == "mpi"), gather["gather"]
+        # On TCP a peer may finish all_reduce #2 with rank 0's data, sent before rank 0 read the
+        # stray header (then only with the true sum); its next collective fails.
+        for step in ("all_reduce", "next"):
+            outcome = gather[step]
+            if "value" in outcome:
+                assert transport == "tcp" and rank != 0 and step == "all_reduce", (rank, step, outcome)
+                assert outcome["value"] == [float(ranks)] * 3, (rank, outcome)
+                continue
+            assert outcome["dist"], outcome
+            assert "collective mismatch" in outcome["message"], outcome["message"]
+            assert outcome["seconds"] < 15
+        if "value" in broadcast["first"]:
+            assert rank == 1 and transport == "tcp", (rank, broadcast["first"])
+        else:
+            assert "collective mismatch" in broadcast["first"]["message"] or rank != 0, broadcast["first"]
+        assert "error" in broadcast["second"], (rank, broadcast["second"])
+    if transport == "mpi":
+        text = results[0]["gather"]["all_reduce"]["message"]
+        assert "rank 0 is in allreduce #2" in text and "gather #1" in text, text
+        assert all("error" in r["broadcast"]["first"] for r in results)

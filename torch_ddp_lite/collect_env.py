@@ -19,7 +19,6 @@ import torch
 
 import torch_ddp_lite
 
-TRANSPORTS = ("tcp",)
 _SETTINGS_SHOWN = ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -157,7 +156,7 @@ def ddplite_section():
         "extension built against torch": torch_ddp_lite.built_torch_version(),
         "extension compiler": f"{build['compiler']} (C++ standard {build['cplusplus']})",
         "extension build flags": build["flags"],
-        "transports": ", ".join(TRANSPORTS),
+        "transports": ", ".join(build["cpu_transports"]),
         "CPU algorithms": "; ".join(f"{op}: {', '.join(names)}"
                                     for op, names in torch_ddp_lite.available_algorithms().items()),
         "CPU algorithm pins": ", ".join(f"{op}:{name}" for op, name in torch_ddp_lite.get_algorithms().items()),

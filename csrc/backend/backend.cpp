@@ -27,6 +27,11 @@ const char* hintFor(TransportError::Kind kind) {
       return "a socket error between ranks; check the network and DDPLITE_SOCKET_IFNAME";
     case TransportError::Kind::kAborted:
       return "abort() or shutdown() was called on this process group";
+    case TransportError::Kind::kMismatch:
+      return "every rank must issue the same collectives, in the same order, with matching sizes, dtypes, "
+             "reduce ops, roots and DDPLITE_* settings. A collective that raised on one rank (a ValueError for "
+             "its arguments) still ran on the ranks where it did not: fix that call on every rank. "
+             "TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective's arguments across ranks";
   }
   return "";
 }
@@ -54,6 +59,15 @@ bool wantsMpiTransport(int rank, int size) {
   }
   throwValueError(OpContext{rank, size, "init", 0}, strCat("DDPLITE_CPU_TRANSPORT='", transport, "' is not a transport"),
                   "use 'tcp' (the default: ddplite's own transport) or 'mpi' (MPI's collectives, under mpirun)");
+}
+
+// DDPLITE_FINGERPRINT, checked like DDPLITE_ALGO: a typo fails init_process_group.
+bool fingerprintChecks(int rank, int size) {
+  try {
+    return env::fingerprintChecks();
+  } catch (const std::invalid_argument& error) {
+    throwValueError(OpContext{rank, size, "init", 0}, error.what(), "set the same value on every rank, or unset it");
+  }
 }
 
 // A send/recv failure reported by the P2P engine, as the DistBackendError wait() raises.
@@ -88,7 +102,7 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   applyAlgorithmPins(rank, size);
   connectMpi(wantsMpiTransport(rank, size));
   const Deadline connectBy = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
-  transport_ = TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy);
+  transport_ = TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "", fingerprintChecks(rank, size));
   p2p_ = std::make_unique<cpu::P2pEngine>(TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "p2p/"));
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
                                       [this](std::chrono::milliseconds t) { return resolveTimeout(t); }});
@@ -158,6 +172,35 @@ bool DdpliteBackend::routesToCuda(const OpContext& ctx, const at::Tensor& tensor
   return true;
 }
 
+template <typename Issue>
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::collective(const char* op, Issue&& issue) {
+  const OpContext ctx = nextContext(op);
+  try {
+    return issue(ctx);
+  } catch (const c10::ValueError& error) {
+    consumeRefusedNumber(op, strCat("ValueError: ", error.what_without_backtrace()));
+    throw;
+  } catch (const c10::NotImplementedError& error) {
+    consumeRefusedNumber(op, strCat("NotImplementedError: ", error.what_without_backtrace()));
+    throw;
+  }
+}
+
+void DdpliteBackend::consumeRefusedNumber(const char* op, const std::string& why) {
+  std::lock_guard<std::mutex> lock(enqueueMutex_);
+  const uint64_t seq = ++seq_;
+  std::string firstLine = why.substr(0, why.find('\n'));
+  lastRefusal_ = strCat(op, " #", seq, " (", firstLine, ")");
+  DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": ", op, " #", seq, " refused on this rank: ", firstLine);
+}
+
+std::string DdpliteBackend::refusalNote() const {
+  std::lock_guard<std::mutex> lock(enqueueMutex_);
+  if (lastRefusal_.empty()) return "";
+  return strCat(". This rank refused ", lastRefusal_,
+                " and sent nothing for it; a rank where the same call succeeded is still in that collective");
+}
+
 std::chrono::milliseconds DdpliteBackend::resolveTimeout(std::chrono::milliseconds requested) const {
   // Unset (kUnsetTimeout = -1) or zero means the group's timeout.
   return requested.count() > 0 ? requested : std::chrono::milliseconds(timeoutMs_.load());
@@ -176,7 +219,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
 void DdpliteBackend::runOnWorker(DdpliteWork& work, std::chrono::milliseconds timeout, const CpuBody& body) {
   try {
     throwIfBroken(work.context());
-    body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout, mpiCollectives_.get()});
+    body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout, work.context(), mpiCollectives_.get()});
     work.markFinished(nullptr);
   } catch (const TransportError& error) {
     work.markFinished(failureFromTransport(work.context(), error));
@@ -187,6 +230,7 @@ void DdpliteBackend::runOnWorker(DdpliteWork& work, std::chrono::milliseconds ti
 
 std::exception_ptr DdpliteBackend::failureFromTransport(const OpContext& ctx, const TransportError& error) {
   std::string what = error.what();
+  if (error.kind() == TransportError::Kind::kMismatch) what += refusalNote();
   if (error.kind() == TransportError::Kind::kAborted) {
     std::lock_guard<std::mutex> lock(brokenMutex_);
     if (!brokenReason_.empty()) what = brokenReason_;
@@ -200,7 +244,7 @@ std::exception_ptr DdpliteBackend::failureFromTransport(const OpContext& ctx, co
     } else {
       rendezvous_.recordFailure(summary);
     }
-    markBroken(summary);
+    markBroken(strCat(ctx.describe(), ": ", what));  // quotes the first failure too
     if (mpiCollectives_) mpiCollectives_->abort();
     transport_->abort();
   }
@@ -250,246 +294,278 @@ void DdpliteBackend::shutdown() {
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                          const c10d::BroadcastOptions& opts) {
-  const OpContext ctx = nextContext("broadcast");
-  at::Tensor tensor = validation::singleTensor(ctx, tensors, "broadcast");
-  validation::checkRoot(ctx, opts.rootRank);
-  if (routesToCuda(ctx, tensor)) return cuda_->broadcast(tensors, opts);
-  const int root = static_cast<int>(opts.rootRank);
-  return enqueue(ctx, OpType::BROADCAST, {tensor}, resolveTimeout(opts.timeout),
-                 [tensor, root](const cpu::CpuContext& cpu) mutable { cpu::broadcast(cpu, tensor, root); });
+  return collective("broadcast", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    at::Tensor tensor = validation::singleTensor(ctx, tensors, "broadcast");
+    validation::checkRoot(ctx, opts.rootRank);
+    validation::checkWritable(ctx, tensor, "broadcast");
+    if (routesToCuda(ctx, tensor)) return cuda_->broadcast(tensors, opts);
+    const int root = static_cast<int>(opts.rootRank);
+    return enqueue(ctx, OpType::BROADCAST, {tensor}, resolveTimeout(opts.timeout),
+                   [tensor, root](const cpu::CpuContext& cpu) mutable { cpu::broadcast(cpu, tensor, root); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::AllreduceOptions& opts) {
-  const OpContext ctx = nextContext("allreduce");
-  at::Tensor tensor = validation::singleTensor(ctx, tensors, "allreduce");
-  validation::checkReduceOp(ctx, tensor, opts.reduceOp);
-  if (routesToCuda(ctx, tensor)) return cuda_->allreduce(tensors, opts);
-  const c10d::ReduceOp op = opts.reduceOp;
-  return enqueue(ctx, OpType::ALLREDUCE, {tensor}, resolveTimeout(opts.timeout),
-                 [tensor, op](const cpu::CpuContext& cpu) mutable { cpu::allreduce(cpu, tensor, op); });
+  return collective("allreduce", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    at::Tensor tensor = validation::singleTensor(ctx, tensors, "allreduce");
+    validation::checkReduceOp(ctx, tensor, opts.reduceOp);
+    validation::checkWritable(ctx, tensor, "allreduce");
+    if (routesToCuda(ctx, tensor)) return cuda_->allreduce(tensors, opts);
+    const c10d::ReduceOp op = opts.reduceOp;
+    return enqueue(ctx, OpType::ALLREDUCE, {tensor}, resolveTimeout(opts.timeout),
+                   [tensor, op](const cpu::CpuContext& cpu) mutable { cpu::allreduce(cpu, tensor, op); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::ReduceOptions& opts) {
-  const OpContext ctx = nextContext("reduce");
-  at::Tensor tensor = validation::singleTensor(ctx, tensors, "reduce");
-  validation::checkRoot(ctx, opts.rootRank);
-  validation::checkReduceOp(ctx, tensor, opts.reduceOp);
-  if (routesToCuda(ctx, tensor)) return cuda_->reduce(tensors, opts);
-  const int root = static_cast<int>(opts.rootRank);
-  const c10d::ReduceOp op = opts.reduceOp;
-  return enqueue(ctx, OpType::REDUCE, {tensor}, resolveTimeout(opts.timeout),
-                 [tensor, root, op](const cpu::CpuContext& cpu) mutable { cpu::reduce(cpu, tensor, root, op); });
+  return collective("reduce", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    at::Tensor tensor = validation::singleTensor(ctx, tensors, "reduce");
+    validation::checkRoot(ctx, opts.rootRank);
+    validation::checkReduceOp(ctx, tensor, opts.reduceOp);
+    validation::checkWritable(ctx, tensor, "reduce");
+    if (routesToCuda(ctx, tensor)) return cuda_->reduce(tensors, opts);
+    const int root = static_cast<int>(opts.rootRank);
+    const c10d::ReduceOp op = opts.reduceOp;
+    return enqueue(ctx, OpType::REDUCE, {tensor}, resolveTimeout(opts.timeout),
+                   [tensor, root, op](const cpu::CpuContext& cpu) mutable { cpu::reduce(cpu, tensor, root, op); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllgatherOptions& opts) {
-  const OpContext ctx = nextContext("allgather");
-  at::Tensor input = validation::singleTensor(ctx, inputs, "allgather input");
-  if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
-    throwValueError(ctx,
-                    strCat("expected one output list of ", size_, " tensors (one per rank), got ",
-                           outputs.size() == 1 ? outputs[0].size() : outputs.size(),
-                           outputs.size() == 1 ? " tensors" : " lists"),
-                    "all_gather(tensor_list, tensor) needs len(tensor_list) == world size of the group");
-  }
-  std::vector<at::Tensor> targets = outputs[0];
-  for (const auto& target : targets) validation::checkMatches(ctx, input, target, "allgather output");
-  targets.push_back(input);
-  validation::checkSameDevice(ctx, targets);
-  targets.pop_back();
-  if (routesToCuda(ctx, input)) return cuda_->allgather(outputs, inputs, opts);
-  return enqueue(ctx, OpType::ALLGATHER, targets, resolveTimeout(opts.timeout),
-                 [input, targets](const cpu::CpuContext& cpu) mutable { cpu::allgatherList(cpu, input, targets); });
+  return collective("allgather", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    at::Tensor input = validation::singleTensor(ctx, inputs, "allgather input");
+    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
+      throwValueError(ctx,
+                      strCat("expected one output list of ", size_, " tensors (one per rank), got ",
+                             outputs.size() == 1 ? outputs[0].size() : outputs.size(),
+                             outputs.size() == 1 ? " tensors" : " lists"),
+                      "all_gather(tensor_list, tensor) needs len(tensor_list) == world size of the group");
+    }
+    std::vector<at::Tensor> targets = outputs[0];
+    for (const auto& target : targets) validation::checkMatches(ctx, input, target, "allgather output");
+    targets.push_back(input);
+    validation::checkSameDevice(ctx, targets);
+    targets.pop_back();
+    validation::checkWritable(ctx, targets, "allgather output");
+    if (routesToCuda(ctx, input)) return cuda_->allgather(outputs, inputs, opts);
+    return enqueue(ctx, OpType::ALLGATHER, targets, resolveTimeout(opts.timeout),
+                   [input, targets](const cpu::CpuContext& cpu) mutable { cpu::allgatherList(cpu, input, targets); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                const c10d::AllgatherOptions& opts) {
-  const OpContext ctx = nextContext("allgather_into_tensor");
-  validation::checkTensor(ctx, input, "input");
-  validation::checkTensor(ctx, output, "output");
-  if (output.scalar_type() != input.scalar_type() || output.numel() != input.numel() * size_) {
-    throwValueError(ctx,
-                    strCat("the output (", output.scalar_type(), ", ", output.numel(),
-                           " elements) must have the input's dtype and world size x its elements (",
-                           input.scalar_type(), ", ", size_, " x ", input.numel(), ")"),
-                    "allocate the output as torch.empty(world_size * input.numel(), dtype=input.dtype)");
-  }
-  validation::checkSameDevice(ctx, {input, output});
-  if (routesToCuda(ctx, input)) return cuda_->_allgather_base(output, input, opts);
-  at::Tensor in = input;
-  at::Tensor out = output;
-  return enqueue(ctx, OpType::_ALLGATHER_BASE, {out}, resolveTimeout(opts.timeout),
-                 [in, out](const cpu::CpuContext& cpu) mutable { cpu::allgatherInto(cpu, in, out); });
+  return collective("allgather_into_tensor", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    validation::checkTensor(ctx, input, "input");
+    validation::checkTensor(ctx, output, "output");
+    if (output.scalar_type() != input.scalar_type() || output.numel() != input.numel() * size_) {
+      throwValueError(ctx,
+                      strCat("the output (", output.scalar_type(), ", ", output.numel(),
+                             " elements) must have the input's dtype and world size x its elements (",
+                             input.scalar_type(), ", ", size_, " x ", input.numel(), ")"),
+                      "allocate the output as torch.empty(world_size * input.numel(), dtype=input.dtype)");
+    }
+    validation::checkSameDevice(ctx, {input, output});
+    validation::checkWritable(ctx, output, "output");
+    if (routesToCuda(ctx, input)) return cuda_->_allgather_base(output, input, opts);
+    at::Tensor in = input;
+    at::Tensor out = output;
+    return enqueue(ctx, OpType::_ALLGATHER_BASE, {out}, resolveTimeout(opts.timeout),
+                   [in, out](const cpu::CpuContext& cpu) mutable { cpu::allgatherInto(cpu, in, out); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::barrier(const c10d::BarrierOptions& opts) {
   // A barrier carries no data: it runs on the CPU transport unless it names a GPU (device_ids,
   // or a CUDA opts.device), which makes it a one-element NCCL allreduce as in torch.
-  const OpContext ctx = nextContext("barrier");
-  if (cuda_ && (!opts.device_ids.empty() || (opts.device && opts.device->is_cuda()))) {
-    const auto index = opts.device_ids.empty() ? opts.device->index() : opts.device_ids.front();
-    return cuda_->barrier(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)), opts);
-  }
-  return enqueue(ctx, OpType::BARRIER, {}, resolveTimeout(opts.timeout),
-                 [](const cpu::CpuContext& cpu) { cpu::barrier(cpu); });
+  return collective("barrier", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    if (cuda_ && (!opts.device_ids.empty() || (opts.device && opts.device->is_cuda()))) {
+      const auto index = opts.device_ids.empty() ? opts.device->index() : opts.device_ids.front();
+      return cuda_->barrier(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)), opts);
+    }
+    return enqueue(ctx, OpType::BARRIER, {}, resolveTimeout(opts.timeout),
+                   [](const cpu::CpuContext& cpu) { cpu::barrier(cpu); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                    const c10d::AllreduceCoalescedOptions& opts) {
-  const OpContext ctx = nextContext("allreduce_coalesced");
-  validation::checkNonEmptyList(ctx, tensors, "allreduce_coalesced");
-  for (const auto& tensor : tensors) validation::checkReduceOp(ctx, tensor, opts.reduceOp);
-  if (routesToCuda(ctx, tensors.front())) return cuda_->allreduce_coalesced(tensors, opts);
-  const c10d::ReduceOp op = opts.reduceOp;
-  return enqueue(ctx, OpType::COALESCED, tensors, resolveTimeout(opts.timeout),
-                 [tensors, op](const cpu::CpuContext& cpu) mutable { cpu::allreduceCoalesced(cpu, tensors, op); });
+  return collective("allreduce_coalesced", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    validation::checkNonEmptyList(ctx, tensors, "allreduce_coalesced");
+    for (const auto& tensor : tensors) validation::checkReduceOp(ctx, tensor, opts.reduceOp);
+    validation::checkWritable(ctx, tensors, "allreduce_coalesced");
+    if (routesToCuda(ctx, tensors.front())) return cuda_->allreduce_coalesced(tensors, opts);
+    const c10d::ReduceOp op = opts.reduceOp;
+    return enqueue(ctx, OpType::COALESCED, tensors, resolveTimeout(opts.timeout),
+                   [tensors, op](const cpu::CpuContext& cpu) mutable { cpu::allreduceCoalesced(cpu, tensors, op); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                std::vector<at::Tensor>& inputs,
                                                                                const c10d::AllgatherOptions& opts) {
-  const OpContext ctx = nextContext("allgather_into_tensor_coalesced");
-  validation::checkCoalescedPairs(ctx, inputs, outputs, /*inputScale=*/size_, /*outputScale=*/1);
-  if (routesToCuda(ctx, inputs.front())) return cuda_->allgather_into_tensor_coalesced(outputs, inputs, opts);
-  return enqueue(ctx, OpType::COALESCED, outputs, resolveTimeout(opts.timeout),
-                 [inputs, outputs](const cpu::CpuContext& cpu) mutable {
-                   for (size_t i = 0; i < inputs.size(); ++i) cpu::allgatherInto(cpu, inputs[i], outputs[i]);
-                 });
+  return collective("allgather_into_tensor_coalesced", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    validation::checkCoalescedPairs(ctx, inputs, outputs, /*inputScale=*/size_, /*outputScale=*/1);
+    validation::checkWritable(ctx, outputs, "output");
+    if (routesToCuda(ctx, inputs.front())) return cuda_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+    return enqueue(ctx, OpType::COALESCED, outputs, resolveTimeout(opts.timeout),
+                   [inputs, outputs](const cpu::CpuContext& cpu) mutable {
+                     for (size_t i = 0; i < inputs.size(); ++i) cpu::allgatherInto(cpu, inputs[i], outputs[i]);
+                   });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                               std::vector<std::vector<at::Tensor>>& inputs,
                                                               const c10d::ReduceScatterOptions& opts) {
-  const OpContext ctx = nextContext("reduce_scatter");
-  at::Tensor output = validation::singleTensor(ctx, outputs, "reduce_scatter output");
-  if (inputs.size() != 1) {
-    throwValueError(ctx, strCat("expected one input list, got ", inputs.size()),
-                    "reduce_scatter(output, input_list) takes one list of world-size tensors");
-  }
-  validation::checkList(ctx, inputs[0], size_, output, "reduce_scatter input",
-                        "reduce_scatter(output, input_list) needs len(input_list) == world size, each like output");
-  validation::checkReduceOp(ctx, output, opts.reduceOp);
-  std::vector<at::Tensor> all = inputs[0];
-  all.push_back(output);
-  validation::checkSameDevice(ctx, all);
-  if (routesToCuda(ctx, output)) return cuda_->reduce_scatter(outputs, inputs, opts);
-  const std::vector<at::Tensor> list = inputs[0];
-  const c10d::ReduceOp op = opts.reduceOp;
-  return enqueue(ctx, OpType::REDUCE_SCATTER, {output}, resolveTimeout(opts.timeout),
-                 [list, output, op](const cpu::CpuContext& cpu) mutable { cpu::reduceScatterList(cpu, list, output, op); });
+  return collective("reduce_scatter", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    at::Tensor output = validation::singleTensor(ctx, outputs, "reduce_scatter output");
+    if (inputs.size() != 1) {
+      throwValueError(ctx, strCat("expected one input list, got ", inputs.size()),
+                      "reduce_scatter(output, input_list) takes one list of world-size tensors");
+    }
+    validation::checkList(ctx, inputs[0], size_, output, "reduce_scatter input",
+                          "reduce_scatter(output, input_list) needs len(input_list) == world size, each like output");
+    validation::checkReduceOp(ctx, output, opts.reduceOp);
+    std::vector<at::Tensor> all = inputs[0];
+    all.push_back(output);
+    validation::checkSameDevice(ctx, all);
+    validation::checkWritable(ctx, output, "reduce_scatter output");
+    if (routesToCuda(ctx, output)) return cuda_->reduce_scatter(outputs, inputs, opts);
+    const std::vector<at::Tensor> list = inputs[0];
+    const c10d::ReduceOp op = opts.reduceOp;
+    return enqueue(ctx, OpType::REDUCE_SCATTER, {output}, resolveTimeout(opts.timeout),
+                   [list, output, op](const cpu::CpuContext& cpu) mutable { cpu::reduceScatterList(cpu, list, output, op); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                     const c10d::ReduceScatterOptions& opts) {
-  const OpContext ctx = nextContext("reduce_scatter_tensor");
-  validation::checkTensor(ctx, input, "input");
-  validation::checkTensor(ctx, output, "output");
-  if (output.scalar_type() != input.scalar_type() || input.numel() != output.numel() * size_) {
-    throwValueError(ctx,
-                    strCat("the input (", input.scalar_type(), ", ", input.numel(),
-                           " elements) must have the output's dtype and world size x its elements (",
-                           output.scalar_type(), ", ", size_, " x ", output.numel(), ")"),
-                    "allocate the output as torch.empty(input.numel() // world_size, dtype=input.dtype)");
-  }
-  validation::checkReduceOp(ctx, output, opts.reduceOp);
-  validation::checkSameDevice(ctx, {input, output});
-  if (routesToCuda(ctx, input)) return cuda_->_reduce_scatter_base(output, input, opts);
-  at::Tensor in = input;
-  at::Tensor out = output;
-  const c10d::ReduceOp op = opts.reduceOp;
-  return enqueue(ctx, OpType::_REDUCE_SCATTER_BASE, {out}, resolveTimeout(opts.timeout),
-                 [in, out, op](const cpu::CpuContext& cpu) mutable { cpu::reduceScatterInto(cpu, in, out, op); });
+  return collective("reduce_scatter_tensor", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    validation::checkTensor(ctx, input, "input");
+    validation::checkTensor(ctx, output, "output");
+    if (output.scalar_type() != input.scalar_type() || input.numel() != output.numel() * size_) {
+      throwValueError(ctx,
+                      strCat("the input (", input.scalar_type(), ", ", input.numel(),
+                             " elements) must have the output's dtype and world size x its elements (",
+                             output.scalar_type(), ", ", size_, " x ", output.numel(), ")"),
+                      "allocate the output as torch.empty(input.numel() // world_size, dtype=input.dtype)");
+    }
+    validation::checkReduceOp(ctx, output, opts.reduceOp);
+    validation::checkSameDevice(ctx, {input, output});
+    validation::checkWritable(ctx, output, "output");
+    if (routesToCuda(ctx, input)) return cuda_->_reduce_scatter_base(output, input, opts);
+    at::Tensor in = input;
+    at::Tensor out = output;
+    const c10d::ReduceOp op = opts.reduceOp;
+    return enqueue(ctx, OpType::_REDUCE_SCATTER_BASE, {out}, resolveTimeout(opts.timeout),
+                   [in, out, op](const cpu::CpuContext& cpu) mutable { cpu::reduceScatterInto(cpu, in, out, op); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                std::vector<at::Tensor>& inputs,
                                                                                const c10d::ReduceScatterOptions& opts) {
-  const OpContext ctx = nextContext("reduce_scatter_tensor_coalesced");
-  validation::checkCoalescedPairs(ctx, inputs, outputs, /*inputScale=*/1, /*outputScale=*/size_);
-  for (const auto& output : outputs) validation::checkReduceOp(ctx, output, opts.reduceOp);
-  if (routesToCuda(ctx, inputs.front())) return cuda_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-  const c10d::ReduceOp op = opts.reduceOp;
-  return enqueue(ctx, OpType::COALESCED, outputs, resolveTimeout(opts.timeout),
-                 [inputs, outputs, op](const cpu::CpuContext& cpu) mutable {
-                   for (size_t i = 0; i < inputs.size(); ++i) cpu::reduceScatterInto(cpu, inputs[i], outputs[i], op);
-                 });
+  return collective("reduce_scatter_tensor_coalesced", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    validation::checkCoalescedPairs(ctx, inputs, outputs, /*inputScale=*/1, /*outputScale=*/size_);
+    for (const auto& output : outputs) validation::checkReduceOp(ctx, output, opts.reduceOp);
+    validation::checkWritable(ctx, outputs, "output");
+    if (routesToCuda(ctx, inputs.front())) return cuda_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+    const c10d::ReduceOp op = opts.reduceOp;
+    return enqueue(ctx, OpType::COALESCED, outputs, resolveTimeout(opts.timeout),
+                   [inputs, outputs, op](const cpu::CpuContext& cpu) mutable {
+                     for (size_t i = 0; i < inputs.size(); ++i) cpu::reduceScatterInto(cpu, inputs[i], outputs[i], op);
+                   });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
-  const OpContext ctx = nextContext("gather");
-  at::Tensor input = validation::singleTensor(ctx, inputs, "gather input");
-  validation::checkRoot(ctx, opts.rootRank);
-  const int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> targets =
-      validation::rootOnlyList(ctx, outputs, rank_ == root, input, "gather_list", "destination");
-  if (routesToCuda(ctx, input)) return cuda_->gather(outputs, inputs, opts);
-  return enqueue(ctx, OpType::GATHER, targets, resolveTimeout(opts.timeout),
-                 [input, targets, root](const cpu::CpuContext& cpu) mutable { cpu::gather(cpu, input, targets, root); });
+  return collective("gather", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    at::Tensor input = validation::singleTensor(ctx, inputs, "gather input");
+    validation::checkRoot(ctx, opts.rootRank);
+    const int root = static_cast<int>(opts.rootRank);
+    std::vector<at::Tensor> targets =
+        validation::rootOnlyList(ctx, outputs, rank_ == root, input, "gather_list", "destination");
+    validation::checkWritable(ctx, targets, "gather_list");
+    if (routesToCuda(ctx, input)) return cuda_->gather(outputs, inputs, opts);
+    return enqueue(ctx, OpType::GATHER, targets, resolveTimeout(opts.timeout),
+                   [input, targets, root](const cpu::CpuContext& cpu) mutable { cpu::gather(cpu, input, targets, root); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::scatter(std::vector<at::Tensor>& outputs,
                                                        std::vector<std::vector<at::Tensor>>& inputs,
                                                        const c10d::ScatterOptions& opts) {
-  const OpContext ctx = nextContext("scatter");
-  at::Tensor output = validation::singleTensor(ctx, outputs, "scatter output");
-  validation::checkRoot(ctx, opts.rootRank);
-  const int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> sources =
-      validation::rootOnlyList(ctx, inputs, rank_ == root, output, "scatter_list", "source");
-  if (routesToCuda(ctx, output)) return cuda_->scatter(outputs, inputs, opts);
-  return enqueue(ctx, OpType::SCATTER, {output}, resolveTimeout(opts.timeout),
-                 [sources, output, root](const cpu::CpuContext& cpu) mutable { cpu::scatter(cpu, sources, output, root); });
+  return collective("scatter", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    at::Tensor output = validation::singleTensor(ctx, outputs, "scatter output");
+    validation::checkRoot(ctx, opts.rootRank);
+    const int root = static_cast<int>(opts.rootRank);
+    std::vector<at::Tensor> sources =
+        validation::rootOnlyList(ctx, inputs, rank_ == root, output, "scatter_list", "source");
+    validation::checkWritable(ctx, output, "scatter output");
+    if (routesToCuda(ctx, output)) return cuda_->scatter(outputs, inputs, opts);
+    return enqueue(ctx, OpType::SCATTER, {output}, resolveTimeout(opts.timeout),
+                   [sources, output, root](const cpu::CpuContext& cpu) mutable { cpu::scatter(cpu, sources, output, root); });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                              std::vector<int64_t>& outputSplitSizes,
                                                              std::vector<int64_t>& inputSplitSizes,
                                                              const c10d::AllToAllOptions& opts) {
-  const OpContext ctx = nextContext("all_to_all_single");
-  validation::checkTensor(ctx, input, "input");
-  validation::checkTensor(ctx, output, "output");
-  if (input.scalar_type() != output.scalar_type()) {
-    throwValueError(ctx, strCat("input is ", input.scalar_type(), " but output is ", output.scalar_type()),
-                    "use one dtype for both");
-  }
-  validation::checkSplits(ctx, input, inputSplitSizes, "input");
-  validation::checkSplits(ctx, output, outputSplitSizes, "output");
-  validation::checkSameDevice(ctx, {input, output});
-  if (routesToCuda(ctx, input)) return cuda_->alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
-  at::Tensor in = input;
-  at::Tensor out = output;
-  std::vector<int64_t> inSplits = inputSplitSizes;
-  std::vector<int64_t> outSplits = outputSplitSizes;
-  return enqueue(ctx, OpType::ALLTOALL_BASE, {out}, resolveTimeout(opts.timeout),
-                 [in, out, inSplits, outSplits](const cpu::CpuContext& cpu) mutable {
-                   cpu::alltoallBase(cpu, in, out, inSplits, outSplits);
-                 });
+  return collective("all_to_all_single", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    validation::checkTensor(ctx, input, "input");
+    validation::checkTensor(ctx, output, "output");
+    if (input.scalar_type() != output.scalar_type()) {
+      throwValueError(ctx, strCat("input is ", input.scalar_type(), " but output is ", output.scalar_type()),
+                      "use one dtype for both");
+    }
+    validation::checkSplits(ctx, input, inputSplitSizes, "input");
+    validation::checkSplits(ctx, output, outputSplitSizes, "output");
+    validation::checkOwnBlock(ctx, validation::ownSplitBytes(ctx, input, inputSplitSizes),
+                              validation::ownSplitBytes(ctx, output, outputSplitSizes));
+    validation::checkSameDevice(ctx, {input, output});
+    validation::checkWritable(ctx, output, "output");
+    if (routesToCuda(ctx, input)) return cuda_->alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
+    at::Tensor in = input;
+    at::Tensor out = output;
+    std::vector<int64_t> inSplits = inputSplitSizes;
+    std::vector<int64_t> outSplits = outputSplitSizes;
+    return enqueue(ctx, OpType::ALLTOALL_BASE, {out}, resolveTimeout(opts.timeout),
+                   [in, out, inSplits, outSplits](const cpu::CpuContext& cpu) mutable {
+                     cpu::alltoallBase(cpu, in, out, inSplits, outSplits);
+                   });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                         std::vector<at::Tensor>& inputs,
                                                         const c10d::AllToAllOptions& opts) {
-  const OpContext ctx = nextContext("all_to_all");
-  for (const auto* list : {&inputs, &outputs}) {
-    if (static_cast<int>(list->size()) != size_) {
-      throwValueError(ctx, strCat("expected ", size_, " ", list == &inputs ? "input" : "output", " tensors, got ", list->size()),
-                      "all_to_all(output_list, input_list) takes one tensor per rank in each list");
+  return collective("all_to_all", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    for (const auto* list : {&inputs, &outputs}) {
+      if (static_cast<int>(list->size()) != size_) {
+        throwValueError(ctx, strCat("expected ", size_, " ", list == &inputs ? "input" : "output", " tensors, got ", list->size()),
+                        "all_to_all(output_list, input_list) takes one tensor per rank in each list");
+      }
+      validation::checkNonEmptyList(ctx, *list, list == &inputs ? "input" : "output");
     }
-    validation::checkNonEmptyList(ctx, *list, list == &inputs ? "input" : "output");
-  }
-  for (const auto& tensor : outputs) {
-    if (tensor.scalar_type() != inputs.front().scalar_type()) {
-      throwValueError(ctx, strCat("mixed dtypes ", inputs.front().scalar_type(), " and ", tensor.scalar_type()),
-                      "use one dtype for every tensor of an all_to_all");
+    for (const auto& tensor : outputs) {
+      if (tensor.scalar_type() != inputs.front().scalar_type()) {
+        throwValueError(ctx, strCat("mixed dtypes ", inputs.front().scalar_type(), " and ", tensor.scalar_type()),
+                        "use one dtype for every tensor of an all_to_all");
+      }
     }
-  }
-  if (routesToCuda(ctx, inputs.front())) return cuda_->alltoall(outputs, inputs, opts);
-  return enqueue(ctx, OpType::ALLTOALL, outputs, resolveTimeout(opts.timeout),
-                 [inputs, outputs](const cpu::CpuContext& cpu) mutable { cpu::alltoallList(cpu, inputs, outputs); });
+    validation::checkOwnBlock(ctx, inputs[rank_].nbytes(), outputs[rank_].nbytes());
+    validation::checkWritable(ctx, outputs, "output");
+    if (routesToCuda(ctx, inputs.front())) return cuda_->alltoall(outputs, inputs, opts);
+    return enqueue(ctx, OpType::ALLTOALL, outputs, resolveTimeout(opts.timeout),
+                   [inputs, outputs](const cpu::CpuContext& cpu) mutable { cpu::alltoallList(cpu, inputs, outputs); });
+  });
 }
 
 // ---- point-to-point ----------------------------------------------------------------------
@@ -525,6 +601,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
   const OpContext ctx = nextP2pContext(op);
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "recv");
   if (srcRank != cpu::P2pEngine::kAnySource) validation::checkPeer(ctx, srcRank, "receive from");
+  validation::checkWritable(ctx, tensor, "recv");
   if (routesToCuda(ctx, tensor)) return cuda_->recv(tensors, srcRank, tag, ctx);
   auto work = c10::make_intrusive<DdpliteWork>(
       ctx, srcRank == cpu::P2pEngine::kAnySource ? OpType::RECVANYSOURCE : OpType::RECV, std::vector<at::Tensor>{tensor});

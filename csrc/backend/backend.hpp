@@ -104,6 +104,16 @@ class DdpliteBackend final : public c10d::Backend {
 
   // Context for messages about the op about to be issued (its sequence number is the next one).
   OpContext nextContext(const char* op) const;
+  // Validates and issues the collective `op` through `issue(ctx)`. A call this rank refuses
+  // (ValueError, NotImplementedError: raised before anything is issued) still consumes its
+  // sequence number: ranks that refuse the same call stay in step and the group stays usable,
+  // while a rank that refused a call its peers ran is one number ahead of them, so its next
+  // collective fails the wire fingerprint check on both sides instead of pairing with theirs.
+  template <typename Issue>
+  c10::intrusive_ptr<c10d::Work> collective(const char* op, Issue&& issue);
+  void consumeRefusedNumber(const char* op, const std::string& why);
+  // " (this rank refused allreduce #3 ...)" when a refusal explains a mismatch, else "".
+  std::string refusalNote() const;
   // True for CUDA tensors (the caller hands the call to cuda_); NotImplementedError for CUDA
   // tensors in a build without NCCL.
   bool routesToCuda(const OpContext& ctx, const at::Tensor& tensor) const;
@@ -130,8 +140,9 @@ class DdpliteBackend final : public c10d::Backend {
   std::atomic<uint64_t> p2pSeq_{0};
   cpu::Scratch scratch_;  // worker thread only
 
-  std::mutex enqueueMutex_;     // makes "assign seq + enqueue" atomic
+  mutable std::mutex enqueueMutex_;  // makes "assign seq + enqueue" atomic
   std::atomic<uint64_t> seq_{0};
+  std::string lastRefusal_;     // "allreduce #3 (ValueError: ...)"; guarded by enqueueMutex_
 
   std::mutex brokenMutex_;
   std::string brokenReason_;    // non-empty once the group is unusable

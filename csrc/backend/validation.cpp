@@ -2,6 +2,8 @@
 
 #include "cpu/reduce_kernels.hpp"
 
+#include <ATen/MemoryOverlap.h>
+
 #include <algorithm>
 
 namespace ddplite::validation {
@@ -40,6 +42,20 @@ void checkTensor(const OpContext& ctx, const at::Tensor& tensor, const char* wha
     throwValueError(ctx, strCat("the ", what, " tensor is on ", tensor.device(), "; ddplite serves cpu and cuda"),
                     "move the tensor to the CPU");
   }
+}
+
+void checkWritable(const OpContext& ctx, const at::Tensor& tensor, const char* what) {
+  if (tensor.defined() && at::has_internal_overlap(tensor) == at::MemOverlap::Yes) {
+    throwValueError(ctx,
+                    strCat("the ", what, " tensor (shape ", tensor.sizes(), ", strides ", tensor.strides(),
+                           ") has elements that share memory, so it cannot hold a result"),
+                    "pass a tensor with storage of its own, e.g. tensor.clone() or torch.empty(shape) "
+                    "instead of an expand()ed view");
+  }
+}
+
+void checkWritable(const OpContext& ctx, const std::vector<at::Tensor>& tensors, const char* what) {
+  for (const auto& tensor : tensors) checkWritable(ctx, tensor, what);
 }
 
 void checkRoot(const OpContext& ctx, int64_t root) {
@@ -117,6 +133,23 @@ void checkSplits(const OpContext& ctx, const at::Tensor& tensor, const std::vect
                            ") must be ", ctx.size, " non-negative entries summing to dimension 0 of the tensor (",
                            rows, ")"),
                     "split sizes count rows of dimension 0, one entry per rank");
+  }
+}
+
+size_t ownSplitBytes(const OpContext& ctx, const at::Tensor& tensor, const std::vector<int64_t>& splits) {
+  const int64_t rows = tensor.dim() == 0 ? 1 : tensor.size(0);
+  if (rows == 0) return 0;
+  const int64_t ownRows = splits.empty() ? rows / ctx.size : splits[ctx.rank];
+  return static_cast<size_t>(ownRows) * (tensor.nbytes() / static_cast<size_t>(rows));
+}
+
+void checkOwnBlock(const OpContext& ctx, size_t sentBytes, size_t landingBytes) {
+  if (sentBytes != landingBytes) {
+    throwValueError(ctx,
+                    strCat("this rank sends itself ", sentBytes, " bytes but its output has room for ", landingBytes,
+                           " bytes from itself"),
+                    "input split i must have the size of output split i on rank i: make this rank's own "
+                    "input and output splits equal");
   }
 }
 

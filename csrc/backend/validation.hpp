@@ -17,6 +17,11 @@ const at::Tensor& singleTensor(const OpContext& ctx, const std::vector<at::Tenso
 // Dense, of a supported dtype, on CPU or CUDA.
 void checkTensor(const OpContext& ctx, const at::Tensor& tensor, const char* what);
 
+// A tensor the collective writes: its elements must not share memory (an expanded view such as
+// torch.ones(1).expand(n) would have every rank's result land on one element).
+void checkWritable(const OpContext& ctx, const at::Tensor& tensor, const char* what);
+void checkWritable(const OpContext& ctx, const std::vector<at::Tensor>& tensors, const char* what);
+
 void checkRoot(const OpContext& ctx, int64_t root);
 
 void checkReduceOp(const OpContext& ctx, const at::Tensor& tensor, const c10d::ReduceOp& op);
@@ -46,6 +51,12 @@ void checkNonEmptyList(const OpContext& ctx, const std::vector<at::Tensor>& tens
 
 // all_to_all_single: splits of dimension 0 (empty = equal parts) that add up to the tensor.
 void checkSplits(const OpContext& ctx, const at::Tensor& tensor, const std::vector<int64_t>& splits, const char* what);
+
+// all_to_all: what this rank sends itself (its input block) fits the output block it lands in.
+void checkOwnBlock(const OpContext& ctx, size_t sentBytes, size_t landingBytes);
+// The bytes of this rank's own block of an all_to_all_single tensor split by `splits` (empty:
+// equal parts); the tensor passed checkSplits.
+size_t ownSplitBytes(const OpContext& ctx, const at::Tensor& tensor, const std::vector<int64_t>& splits);
 
 // send/recv peer: a rank of this group other than this one.
 void checkPeer(const OpContext& ctx, int peer, const char* direction);

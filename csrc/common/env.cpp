@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 namespace ddplite::env {
@@ -16,6 +17,7 @@ constexpr const char* kSocketBufferBytes = "DDPLITE_SOCKET_BUFFER_BYTES";
 constexpr const char* kAlgo = "DDPLITE_ALGO";
 constexpr const char* kCpuTransport = "DDPLITE_CPU_TRANSPORT";
 constexpr const char* kCudaStaging = "DDPLITE_CUDA_STAGING";
+constexpr const char* kFingerprint = "DDPLITE_FINGERPRINT";
 
 const char* rawValue(const char* name) {
   const char* value = std::getenv(name);
@@ -54,6 +56,11 @@ const std::vector<Knob>& allKnobs() {
        "What carries CPU collectives: 'tcp' (ddplite's own transport and algorithms) or 'mpi' (MPI's own "
        "collectives on the group's communicator; needs a build with MPI and a job launched by mpirun). "
        "Must be the same on every rank"},
+      {kFingerprint, "1",
+       "1: the first message of every CPU collective to each peer carries a 48-byte fingerprint (sequence "
+       "number, op, sizes, dtype, reduce op, root, algorithm), so a rank in another collective is reported at "
+       "once instead of its bytes being used. 0 turns the check off: only for measuring its cost, since "
+       "mismatched collectives can then return wrong values. Read when a group is created"},
       {kCudaStaging, "auto",
        "CUDA tensors: 'auto' uses NCCL except on a GPU shared by two ranks (then host memory + CPU transport, "
        "with a warning); 'always' stages every CUDA op; 'never' raises instead of staging. Same on every rank"},
@@ -107,6 +114,13 @@ std::string algorithmSpec() {
 std::string cpuTransport() {
   const char* value = rawValue(kCpuTransport);
   return value == nullptr ? "tcp" : value;
+}
+
+bool fingerprintChecks() {
+  const char* value = rawValue(kFingerprint);
+  if (value == nullptr || std::strcmp(value, "1") == 0) return true;
+  if (std::strcmp(value, "0") == 0) return false;
+  throw std::invalid_argument(std::string(kFingerprint) + "='" + value + "' is not a valid value; use 1 (the default) or 0");
 }
 
 CudaStaging cudaStaging() {

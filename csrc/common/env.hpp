@@ -40,6 +40,11 @@ std::string algorithmSpec();
 // DDPLITE_CPU_TRANSPORT: "tcp" (default) or "mpi", as set (checked by the backend).
 std::string cpuTransport();
 
+// DDPLITE_FINGERPRINT: whether collectives carry and check the wire fingerprint
+// (cpu/transport/fingerprint.hpp). Read each time (a group reads it when it is created); throws
+// std::invalid_argument naming the knob for a value other than 0 or 1.
+bool fingerprintChecks();
+
 // DDPLITE_CUDA_STAGING: how CUDA tensors travel when NCCL cannot serve the group.
 //   kAuto: NCCL, except on a GPU two ranks share (then through host memory, with a warning);
 //   kAlways: always through host memory and the CPU transport; kNever: NCCL or an error.

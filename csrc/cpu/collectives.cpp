@@ -109,15 +109,55 @@ ExchangeArgs exchangeArgs(const CpuContext& ctx, const char* sendData, std::vect
   return ExchangeArgs{ctx.transport, ctx.deadline, sendData, std::move(sendSpans), recvData, std::move(recvSpans), root};
 }
 
+// The fingerprint of one byte-level collective of this op (cpu/transport/fingerprint.hpp).
+// `bytes` must be a size every rank agrees on; `reduceOp` < 0 for data movement, `root` < 0 for
+// unrooted collectives.
+Fingerprint fingerprintOf(const CpuContext& ctx, WireKind kind, uint8_t algorithm, const char* algorithmName,
+                          c10::ScalarType dtype, int reduceOp, int root, size_t bytes) {
+  Fingerprint fingerprint;
+  fingerprint.seq = ctx.op.seq;
+  fingerprint.kind = kind;
+  fingerprint.opName = userOpCode(ctx.op.op);
+  fingerprint.algorithm = algorithm;
+  fingerprint.algorithmName = algorithmName;
+  fingerprint.dtype = static_cast<int8_t>(dtype);
+  fingerprint.reduceOp = reduceOp < 0 ? 0xff : static_cast<uint8_t>(reduceOp);
+  fingerprint.root = root;
+  fingerprint.bytes = bytes;
+  return fingerprint;
+}
+
+WireKind wireKindOf(Collective collective) {
+  // WireKind kAllreduce .. kBarrier follow Collective's order.
+  return static_cast<WireKind>(static_cast<uint8_t>(collective) + 1);
+}
+
+bool isReduction(Collective collective) {
+  return collective == Collective::kAllreduce || collective == Collective::kReduce ||
+         collective == Collective::kReduceScatter;
+}
+
+bool isRooted(Collective collective) {
+  return collective == Collective::kBroadcast || collective == Collective::kReduce;
+}
+
 // The data path of one byte-level collective: MPI's when the group uses it, else the selected
-// algorithm. `bufferBytes` as in selectAlgorithm.
+// algorithm, with the transport armed with the collective's fingerprint. `bufferBytes` as in
+// selectAlgorithm (the same on every rank).
 void runCollective(const CpuContext& ctx, Collective collective, const AlgorithmArgs& args, size_t bufferBytes,
                    c10::ScalarType dtype, RedOpType op = RedOpType::SUM) {
+  const int reduceOp = isReduction(collective) ? static_cast<int>(op) : -1;
+  const int root = isRooted(collective) ? args.root : -1;
   if (ctx.mpi != nullptr && ctx.mpi->handles(bufferBytes)) {
+    ctx.mpi->agree(fingerprintOf(ctx, wireKindOf(collective), 0, "mpi", dtype, reduceOp, root, bufferBytes),
+                   ctx.deadline);
     ctx.mpi->run(collective, args, dtype, op);
     return;
   }
-  selectAlgorithm(collective, bufferBytes, ctx.transport.size()).run(args);
+  const Selection selection = selectAlgorithm(collective, bufferBytes, ctx.transport.size());
+  ctx.transport.beginCollective(
+      fingerprintOf(ctx, wireKindOf(collective), selection.index, selection.name, dtype, reduceOp, root, bufferBytes));
+  selection.run(args);
 }
 
 size_t totalBytes(const std::vector<Span>& spans) {
@@ -129,19 +169,37 @@ size_t totalBytes(const std::vector<Span>& spans) {
 // Exchanges: MPI's gather/scatter/alltoallv when the group uses MPI, else the direct algorithms.
 // Every rank must take the same path, so the size test uses what all ranks know: the send spans
 // for gather (equal on every rank), the receive spans for scatter. alltoall's totals differ per
-// rank, so under MPI it always goes to MPI (which refuses counts over 2 GiB with a clear error).
-void gatherVia(const CpuContext& ctx, const ExchangeArgs& args) {
-  if (ctx.mpi != nullptr && ctx.mpi->handles(totalBytes(args.sendSpans))) return ctx.mpi->gather(args);
+// rank, so under MPI it always goes to MPI (which refuses counts over 2 GiB with a clear error);
+// its fingerprint carries no size, and each first message's length checks the splits instead.
+void gatherVia(const CpuContext& ctx, const ExchangeArgs& args, c10::ScalarType dtype) {
+  const size_t agreed = totalBytes(args.sendSpans);
+  const Fingerprint fingerprint = fingerprintOf(ctx, WireKind::kGather, 0, "direct", dtype, -1, args.root, agreed);
+  if (ctx.mpi != nullptr && ctx.mpi->handles(agreed)) {
+    ctx.mpi->agree(fingerprint, ctx.deadline);
+    return ctx.mpi->gather(args);
+  }
+  ctx.transport.beginCollective(fingerprint);
   gatherDirect(args);
 }
 
-void scatterVia(const CpuContext& ctx, const ExchangeArgs& args) {
-  if (ctx.mpi != nullptr && ctx.mpi->handles(totalBytes(args.recvSpans))) return ctx.mpi->scatter(args);
+void scatterVia(const CpuContext& ctx, const ExchangeArgs& args, c10::ScalarType dtype) {
+  const size_t agreed = totalBytes(args.recvSpans);
+  const Fingerprint fingerprint = fingerprintOf(ctx, WireKind::kScatter, 0, "direct", dtype, -1, args.root, agreed);
+  if (ctx.mpi != nullptr && ctx.mpi->handles(agreed)) {
+    ctx.mpi->agree(fingerprint, ctx.deadline);
+    return ctx.mpi->scatter(args);
+  }
+  ctx.transport.beginCollective(fingerprint);
   scatterDirect(args);
 }
 
-void alltoallVia(const CpuContext& ctx, const ExchangeArgs& args) {
-  if (ctx.mpi != nullptr) return ctx.mpi->alltoall(args);
+void alltoallVia(const CpuContext& ctx, const ExchangeArgs& args, c10::ScalarType dtype) {
+  const Fingerprint fingerprint = fingerprintOf(ctx, WireKind::kAlltoall, 0, "pairwise", dtype, -1, -1, 0);
+  if (ctx.mpi != nullptr) {
+    ctx.mpi->agree(fingerprint, ctx.deadline);
+    return ctx.mpi->alltoall(args);
+  }
+  ctx.transport.beginCollective(fingerprint);
   alltoallPairwise(args);
 }
 
@@ -250,11 +308,12 @@ void gather(const CpuContext& ctx, const at::Tensor& input, std::vector<at::Tens
   const at::Tensor source = input.contiguous();
   const std::vector<Span> sendSpans(size, Span{0, source.nbytes()});
   if (ctx.transport.rank() != root) {
-    gatherVia(ctx, exchangeArgs(ctx, bytesOf(source), sendSpans, nullptr, {}, root));
+    gatherVia(ctx, exchangeArgs(ctx, bytesOf(source), sendSpans, nullptr, {}, root), input.scalar_type());
     return;
   }
   at::Tensor gathered = at::empty({size * input.numel()}, input.options());
-  gatherVia(ctx, exchangeArgs(ctx, bytesOf(source), sendSpans, bytesOf(gathered), equalSpans(size, source.nbytes()), root));
+  gatherVia(ctx, exchangeArgs(ctx, bytesOf(source), sendSpans, bytesOf(gathered), equalSpans(size, source.nbytes()), root),
+            input.scalar_type());
   splitInto(gathered, outputs);
 }
 
@@ -263,11 +322,12 @@ void scatter(const CpuContext& ctx, const std::vector<at::Tensor>& inputs, at::T
   withContiguous(output, [&](at::Tensor& dense) {
     const std::vector<Span> recvSpans(size, Span{0, dense.nbytes()});
     if (ctx.transport.rank() != root) {
-      scatterVia(ctx, exchangeArgs(ctx, nullptr, {}, bytesOf(dense), recvSpans, root));
+      scatterVia(ctx, exchangeArgs(ctx, nullptr, {}, bytesOf(dense), recvSpans, root), dense.scalar_type());
       return;
     }
     const at::Tensor source = concatenated(inputs);
-    scatterVia(ctx, exchangeArgs(ctx, bytesOf(source), equalSpans(size, dense.nbytes()), bytesOf(dense), recvSpans, root));
+    scatterVia(ctx, exchangeArgs(ctx, bytesOf(source), equalSpans(size, dense.nbytes()), bytesOf(dense), recvSpans, root),
+               dense.scalar_type());
   });
 }
 
@@ -276,8 +336,10 @@ void alltoallBase(const CpuContext& ctx, const at::Tensor& input, at::Tensor& ou
   const int size = ctx.transport.size();
   const at::Tensor source = input.contiguous();
   withContiguous(output, [&](at::Tensor& dense) {
-    alltoallVia(ctx, exchangeArgs(ctx, bytesOf(source), rowSpans(source, inputSplits, size), bytesOf(dense),
-                                  rowSpans(dense, outputSplits, size)));
+    alltoallVia(ctx,
+                exchangeArgs(ctx, bytesOf(source), rowSpans(source, inputSplits, size), bytesOf(dense),
+                             rowSpans(dense, outputSplits, size)),
+                dense.scalar_type());
   });
 }
 
@@ -286,7 +348,8 @@ void alltoallList(const CpuContext& ctx, const std::vector<at::Tensor>& inputs, 
   int64_t received = 0;
   for (const auto& output : outputs) received += output.numel();
   at::Tensor landing = at::empty({received}, source.options());
-  alltoallVia(ctx, exchangeArgs(ctx, bytesOf(source), tensorSpans(inputs), bytesOf(landing), tensorSpans(outputs)));
+  alltoallVia(ctx, exchangeArgs(ctx, bytesOf(source), tensorSpans(inputs), bytesOf(landing), tensorSpans(outputs)),
+              source.scalar_type());
   splitInto(landing, outputs);
 }
 

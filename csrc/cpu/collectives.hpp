@@ -6,6 +6,7 @@
 // alltoall inputs) are left unchanged.
 #pragma once
 
+#include "common/errors.hpp"
 #include "cpu/algorithms/algorithm.hpp"
 #include "cpu/mpi_collectives.hpp"
 
@@ -20,6 +21,9 @@ struct CpuContext {
   Transport& transport;
   Scratch& scratch;
   Deadline deadline;
+  // The op being run: its sequence number and name go into the wire fingerprint of each
+  // byte-level collective it runs (cpu/transport/fingerprint.hpp).
+  OpContext op;
   // Set when the group runs with DDPLITE_CPU_TRANSPORT=mpi: collectives it handles go to MPI,
   // the rest (and p2p) through `transport`.
   const MpiCollectives* mpi = nullptr;

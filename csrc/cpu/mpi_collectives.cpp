@@ -6,6 +6,7 @@
 #include <mpi.h>
 #endif
 
+#include <algorithm>
 #include <climits>
 #include <stdexcept>
 #include <cstring>
@@ -263,13 +264,95 @@ void MpiCollectives::alltoall(const ExchangeArgs& args) const {
   complete(request, args.deadline, "MPI_Ialltoallv", aborted_);
 }
 
-#else  // !DDPLITE_WITH_MPI: the backend never constructs an MpiCollectives in such a build.
+namespace {
 
-bool MpiCollectives::handles(size_t) const { return false; }
-void MpiCollectives::run(Collective, const AlgorithmArgs&, c10::ScalarType, c10d::ReduceOp::RedOpType) const {}
-void MpiCollectives::gather(const ExchangeArgs&) const {}
-void MpiCollectives::scatter(const ExchangeArgs&) const {}
-void MpiCollectives::alltoall(const ExchangeArgs&) const {}
+// The fields every rank must agree on, in a fixed order; opName travels in the gather only.
+constexpr int kAgreedFields = 7;
+
+std::vector<int64_t> fieldsOf(const Fingerprint& f) {
+  return {static_cast<int64_t>(f.seq), static_cast<int64_t>(f.kind), f.algorithm, f.dtype, f.reduceOp, f.root,
+          static_cast<int64_t>(f.bytes), f.opName};
+}
+
+Fingerprint fingerprintFrom(const int64_t* fields) {
+  Fingerprint f;
+  f.seq = static_cast<uint64_t>(fields[0]);
+  f.kind = static_cast<WireKind>(fields[1]);
+  f.algorithm = static_cast<uint8_t>(fields[2]);
+  f.dtype = static_cast<int8_t>(fields[3]);
+  f.reduceOp = static_cast<uint8_t>(fields[4]);
+  f.root = static_cast<int32_t>(fields[5]);
+  f.bytes = static_cast<uint64_t>(fields[6]);
+  f.opName = static_cast<uint8_t>(fields[7]);
+  return f;
+}
+
+// "ranks 0, 2 are in allreduce #3 (...); rank 1 is in gather #3 (...)", groups in first-rank order.
+std::string describeSides(const std::vector<int64_t>& all, int size, int fieldsPerRank) {
+  std::vector<std::pair<Fingerprint, std::vector<int>>> sides;
+  for (int rank = 0; rank < size; ++rank) {
+    const Fingerprint f = fingerprintFrom(all.data() + static_cast<size_t>(rank) * fieldsPerRank);
+    auto side = std::find_if(sides.begin(), sides.end(), [&](const auto& s) { return s.first.sameCollective(f); });
+    if (side == sides.end()) {
+      sides.push_back({f, {rank}});
+    } else {
+      side->second.push_back(rank);
+    }
+  }
+  std::string text;
+  for (const auto& [f, ranks] : sides) {
+    std::string who;
+    for (int r : ranks) who += strCat(who.empty() ? "" : ", ", r);
+    text += strCat(text.empty() ? "" : "; ", ranks.size() == 1 ? "rank " : "ranks ", who,
+                   ranks.size() == 1 ? " is in " : " are in ", f.describe());
+  }
+  return text;
+}
+
+}  // namespace
+
+void MpiCollectives::agree(const Fingerprint& fingerprint, Deadline deadline) const {
+  const std::vector<int64_t> fields = fieldsOf(fingerprint);
+  int64_t extremes[2 * kAgreedFields];
+  for (int i = 0; i < kAgreedFields; ++i) {
+    extremes[i] = fields[i];
+    extremes[kAgreedFields + i] = -fields[i];
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  checkStarted(MPI_Iallreduce(MPI_IN_PLACE, extremes, 2 * kAgreedFields, MPI_INT64_T, MPI_MAX, commOf(comm_), &request),
+               "MPI_Iallreduce (fingerprint)");
+  complete(request, deadline, "MPI_Iallreduce (fingerprint)", aborted_);
+  bool agreed = true;
+  for (int i = 0; i < kAgreedFields; ++i) agreed = agreed && extremes[i] == -extremes[kAgreedFields + i];
+  if (agreed) return;
+  const int perRank = static_cast<int>(fields.size());
+  std::vector<int64_t> all(static_cast<size_t>(perRank) * comm_.size());
+  checkStarted(MPI_Iallgather(fields.data(), perRank, MPI_INT64_T, all.data(), perRank, MPI_INT64_T, commOf(comm_),
+                              &request),
+               "MPI_Iallgather (fingerprint)");
+  complete(request, deadline, "MPI_Iallgather (fingerprint)", aborted_);
+  throw TransportError(TransportError::Kind::kMismatch, -1,
+                       strCat("collective mismatch (MPI data path): ", describeSides(all, comm_.size(), perRank),
+                              "; this rank is in ", fingerprint.describe()));
+}
+
+#else  // !DDPLITE_WITH_MPI: the backend never constructs an MpiCollectives in such a build; should
+       // one be used anyway, it says so instead of doing nothing.
+
+namespace {
+[[noreturn]] void unavailable() {
+  throwRuntimeError("the MPI data path was used, but this ddplite was built without MPI", mpi::kRebuildHint);
+}
+}  // namespace
+
+bool MpiCollectives::handles(size_t) const { unavailable(); }
+void MpiCollectives::agree(const Fingerprint&, Deadline) const { unavailable(); }
+void MpiCollectives::run(Collective, const AlgorithmArgs&, c10::ScalarType, c10d::ReduceOp::RedOpType) const {
+  unavailable();
+}
+void MpiCollectives::gather(const ExchangeArgs&) const { unavailable(); }
+void MpiCollectives::scatter(const ExchangeArgs&) const { unavailable(); }
+void MpiCollectives::alltoall(const ExchangeArgs&) const { unavailable(); }
 
 #endif
 

@@ -34,6 +34,13 @@ class MpiCollectives {
   // output, the reduce_scatter input, all bytes of an exchange) is `bufferBytes`: every dtype
   // ddplite supports, while counts fit MPI's int; larger ones take the TCP path.
   bool handles(size_t bufferBytes) const;
+  // The MPI path's fingerprint check (cpu/transport/fingerprint.hpp): one MPI_Iallreduce(MAX) of
+  // the fingerprint and its negation before every collective, so every rank learns whether all
+  // agree. Every rank's first MPI call of each collective is this one (a refused call makes none),
+  // so these calls always pair with each other and never with a data collective. On disagreement
+  // an MPI_Iallgather of the fingerprints names the ranks on each side, and every rank throws
+  // TransportError(kMismatch): none starts the data collective.
+  void agree(const Fingerprint& fingerprint, Deadline deadline) const;
   // `op` is the reduction MPI performs (AVG and PREMUL_SUM arrive as SUM: the caller scales).
   void run(Collective collective, const AlgorithmArgs& args, c10::ScalarType dtype,
            c10d::ReduceOp::RedOpType op) const;

@@ -21,7 +21,8 @@ def common_options():
     parser.add_argument("--backends", type=comma_list, default=None,
                         help="comma list, the first is compared with the others "
                              "(default: ddplite,gloo on cpu; ddplite,nccl,gloo on cuda). ddplite-mpi is ddplite "
-                             "with DDPLITE_CPU_TRANSPORT=mpi (MPI's collectives; launch with mpirun)")
+                             "with DDPLITE_CPU_TRANSPORT=mpi (MPI's collectives; launch with mpirun); "
+                             "ddplite-unchecked is ddplite with DDPLITE_FINGERPRINT=0 (to measure the check)")
     parser.add_argument("--world-size", type=int, default=2,
                         help="ranks to launch (ignored under torchrun or mpirun, which set it)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

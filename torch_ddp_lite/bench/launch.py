@@ -104,30 +104,36 @@ def _share_cores(world_size):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
 
 
-# Columns that are ddplite with another CPU data path: (torch backend, DDPLITE_CPU_TRANSPORT).
-# "ddplite-mpi" is MPI's own collectives and needs the ranks launched by mpirun.
-TRANSPORT_VARIANTS = {"ddplite-mpi": ("ddplite", "mpi"), "ddplite-tcp": ("ddplite", "tcp")}
+# Columns that are ddplite with other settings: {column: (torch backend, DDPLITE_* variables read
+# when the column's group is created)}. "ddplite-mpi" is MPI's own collectives and needs the ranks
+# launched by mpirun; "ddplite-unchecked" has the wire fingerprint off (its cost, docs/reliability.md).
+BACKEND_VARIANTS = {
+    "ddplite-mpi": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "mpi"}),
+    "ddplite-tcp": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "tcp"}),
+    "ddplite-unchecked": ("ddplite", {"DDPLITE_FINGERPRINT": "0"}),
+}
 
 
 def measured_groups(backends):
-    """{backend: group over all ranks}, one new group per backend (or transport variant)."""
+    """{backend: group over all ranks}, one new group per backend (or variant)."""
     ranks = list(range(dist.get_world_size()))
     return {backend: _new_group(ranks, backend) for backend in backends}
 
 
 def _new_group(ranks, backend):
-    if backend not in TRANSPORT_VARIANTS:
+    if backend not in BACKEND_VARIANTS:
         return dist.new_group(ranks=ranks, backend=backend)
-    torch_backend, transport = TRANSPORT_VARIANTS[backend]
-    saved = os.environ.get("DDPLITE_CPU_TRANSPORT")
-    os.environ["DDPLITE_CPU_TRANSPORT"] = transport  # read when the group's backend is created
+    torch_backend, settings = BACKEND_VARIANTS[backend]
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)  # read when the group's backend is created
     try:
         return dist.new_group(ranks=ranks, backend=torch_backend)
     finally:
-        if saved is None:
-            del os.environ["DDPLITE_CPU_TRANSPORT"]
-        else:
-            os.environ["DDPLITE_CPU_TRANSPORT"] = saved
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def rank_device(kind):

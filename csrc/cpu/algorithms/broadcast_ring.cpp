@@ -3,7 +3,7 @@
 // Steps (virtual ranks v = (rank - root) mod P; C = DDPLITE_RING_SEGMENT_BYTES): the buffer is cut
 // into chunks. The root sends them in order to v = 1. Every middle rank receives chunk 0, then
 // sends chunk k downstream while receiving chunk k+1 from upstream (Transport::sendRecv), then
-// forwards the last chunk. The last rank only receives.
+// forwards the last chunk. The last rank only receives, chunk by chunk.
 //
 // Cost: (P - 1 + S/C - 1) (alpha + C beta): every link carries S bytes once, so for large S the
 // time approaches S beta whatever P is; the P-1 hops of latency make it the worst choice for
@@ -33,7 +33,9 @@ void broadcastRing(const AlgorithmArgs& args) {
     return;
   }
   if (position == size - 1) {
-    transport.recv(upstream, args.data, total, args.deadline);
+    // Chunk by chunk, as sent: both ends of a stream frame it alike (the first chunk carries the
+    // fingerprint header, whose length check relies on it).
+    for (size_t k = 0; k < chunks; ++k) transport.recv(upstream, at(k), bytesOf(k), args.deadline);
     return;
   }
   transport.recv(upstream, at(0), bytesOf(0), args.deadline);

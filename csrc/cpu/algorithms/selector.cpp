@@ -112,7 +112,7 @@ Selection selectAlgorithm(Collective collective, size_t bytes, int worldSize) {
   const CollectiveTable& table = tableOf(collective);
   const int pinned = pins[static_cast<size_t>(collective)].load(std::memory_order_relaxed);
   const Entry& entry = pinned >= 0 ? table.algorithms[pinned] : byName(table, automaticChoice(collective, bytes, worldSize));
-  return {entry.run, entry.name};
+  return {entry.run, entry.name, static_cast<uint8_t>(&entry - table.algorithms.data())};
 }
 
 void setAlgorithmPins(const std::string& spec) {

@@ -19,6 +19,7 @@ enum class Collective { kAllreduce, kBroadcast, kReduce, kAllgather, kReduceScat
 struct Selection {
   Algorithm run;
   const char* name;  // for logs and errors, e.g. "ring"
+  uint8_t index;     // position in availableAlgorithms() for the collective (on the wire: fingerprint.hpp)
 };
 
 // `bytes`: the buffer of allreduce/broadcast/reduce, the gathered (allgather) or the input

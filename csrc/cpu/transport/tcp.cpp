@@ -11,6 +11,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@ namespace ddplite {
 namespace {
 
 constexpr int kPollSliceMs = 100;
+constexpr size_t kCoalesceBytes = 4096;
 constexpr uint32_t kHelloMagic = 0xdd911e01;
 
 struct Hello {
@@ -112,6 +114,14 @@ std::string peerReport(StoreRendezvous& rendezvous) {
   }
 }
 
+// The iovecs of what is left of a transfer: the rest of the header (if any), then the payload.
+int pendingIovecs(char* header, size_t headerLeft, char* cursor, size_t left, iovec* out) {
+  int count = 0;
+  if (headerLeft > 0) out[count++] = {header, headerLeft};
+  if (left > 0) out[count++] = {cursor, left};
+  return count;
+}
+
 std::string unreachableHint() {
   return "the address above must be reachable from this host; if the rank listens on the wrong "
          "interface, set DDPLITE_SOCKET_IFNAME (NCCL syntax, e.g. DDPLITE_SOCKET_IFNAME=eth0 or "
@@ -120,7 +130,15 @@ std::string unreachableHint() {
 
 }  // namespace
 
-TcpTransport::TcpTransport(int rank, int size) : rank_(rank), size_(size), fds_(size, -1), addresses_(size) {}
+TcpTransport::TcpTransport(int rank, int size, bool checkFingerprints)
+    : rank_(rank),
+      size_(size),
+      fds_(size, -1),
+      addresses_(size),
+      checkFingerprints_(checkFingerprints),
+      sendHeaderDue_(size, 0),
+      recvHeaderDue_(size, 0),
+      headerPeeked_(size, 0) {}
 
 TcpTransport::~TcpTransport() {
   for (int fd : fds_) {
@@ -129,8 +147,9 @@ TcpTransport::~TcpTransport() {
 }
 
 std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& rendezvous, int rank, int size,
-                                                            Deadline deadline, const std::string& purpose) {
-  std::unique_ptr<TcpTransport> transport(new TcpTransport(rank, size));
+                                                            Deadline deadline, const std::string& purpose,
+                                                            bool checkFingerprints) {
+  std::unique_ptr<TcpTransport> transport(new TcpTransport(rank, size, checkFingerprints));
   if (size == 1) {
     return transport;
   }
@@ -257,18 +276,78 @@ void TcpTransport::throwIoError(int peer, const char* syscall, int error) const 
 }
 
 void TcpTransport::throwTimeout(const Progress* sending, const Progress* receiving) const {
-  const Progress* stuck = (receiving && receiving->left) ? receiving : sending;
+  auto remaining = [](const Progress* p) {
+    return p == nullptr ? 0 : p->left + (p->header ? sizeof(WireHeader) - p->headerDone : 0);
+  };
+  const Progress* stuck = remaining(receiving) > 0 ? receiving : sending;
   throw TransportError(TransportError::Kind::kTimeout, stuck->peer,
                        strCat("timed out ", stuck == receiving ? "waiting to receive from " : "waiting to send to ",
-                              describePeer(stuck->peer), " (", stuck->left, " bytes still to go)"));
+                              describePeer(stuck->peer), " (", remaining(stuck), " bytes still to go)"));
 }
 
+void TcpTransport::beginCollective(const Fingerprint& fingerprint) {
+  if (!checkFingerprints_) return;
+  armed_ = true;
+  fingerprint_ = fingerprint;
+  std::fill(headerPeeked_.begin(), headerPeeked_.end(), 0);
+  std::fill(sendHeaderDue_.begin(), sendHeaderDue_.end(), 1);
+  std::fill(recvHeaderDue_.begin(), recvHeaderDue_.end(), 1);
+}
+
+void TcpTransport::prepareSend(Progress& progress, WireHeader& header) {
+  if (!sendHeaderDue_[progress.peer]) return;
+  sendHeaderDue_[progress.peer] = 0;
+  header = encodeHeader(fingerprint_, progress.left);
+  progress.header = &header;
+}
+
+void TcpTransport::prepareRecv(Progress& progress, WireHeader& header) {
+  if (!recvHeaderDue_[progress.peer]) return;
+  recvHeaderDue_[progress.peer] = 0;
+  progress.header = &header;
+  progress.payloadBytes = progress.left;
+}
+
+// Moves `moved` bytes through the header first, then the payload. A received header is checked
+// the moment it is complete, before the payload read with it is reduced or returned.
+void TcpTransport::advance(Progress& progress, size_t moved, bool receiving) {
+  if (progress.header != nullptr && progress.headerDone < sizeof(WireHeader)) {
+    const size_t head = std::min(moved, sizeof(WireHeader) - progress.headerDone);
+    progress.headerDone += head;
+    moved -= head;
+    if (receiving && progress.headerDone == sizeof(WireHeader) &&
+        !agrees(*progress.header, fingerprint_, progress.payloadBytes)) {
+      throw TransportError(TransportError::Kind::kMismatch, progress.peer,
+                           headerMismatch(*progress.header, fingerprint_, progress.payloadBytes,
+                                          describePeer(progress.peer)));
+    }
+  }
+  progress.cursor += moved;
+  progress.left -= moved;
+}
+
+// A header goes out with its payload in one send when the payload is small (one copy of at
+// most kCoalesceBytes into a stack buffer); before a larger payload it is sent with MSG_MORE, so
+// the kernel holds it for the payload's first segment. Either way the peer gets one segment where
+// it got one before: a sendmsg of two iovecs measured ~8% slower on 8-byte all_reduce.
 bool TcpTransport::trySend(Progress& progress) {
-  while (progress.left > 0) {
-    ssize_t n = ::send(fds_[progress.peer], progress.cursor, progress.left, MSG_NOSIGNAL);
+  while (true) {
+    const size_t headerLeft = progress.header ? sizeof(WireHeader) - progress.headerDone : 0;
+    if (headerLeft + progress.left == 0) return true;
+    const char* headerCursor = reinterpret_cast<const char*>(progress.header) + progress.headerDone;
+    ssize_t n;
+    if (headerLeft == 0) {
+      n = ::send(fds_[progress.peer], progress.cursor, progress.left, MSG_NOSIGNAL);
+    } else if (progress.left <= kCoalesceBytes) {
+      char joined[sizeof(WireHeader) + kCoalesceBytes];
+      std::memcpy(joined, headerCursor, headerLeft);
+      if (progress.left > 0) std::memcpy(joined + headerLeft, progress.cursor, progress.left);
+      n = ::send(fds_[progress.peer], joined, headerLeft + progress.left, MSG_NOSIGNAL);
+    } else {
+      n = ::send(fds_[progress.peer], headerCursor, headerLeft, MSG_NOSIGNAL | MSG_MORE);
+    }
     if (n > 0) {
-      progress.cursor += n;
-      progress.left -= static_cast<size_t>(n);
+      advance(progress, static_cast<size_t>(n), /*receiving=*/false);
       continue;
     }
     if (errno == EINTR) continue;
@@ -276,15 +355,23 @@ bool TcpTransport::trySend(Progress& progress) {
     if (aborted_) throw TransportError(TransportError::Kind::kAborted, progress.peer, "the group was aborted");
     throwIoError(progress.peer, "send", errno);
   }
-  return true;
 }
 
 bool TcpTransport::tryRecv(Progress& progress) {
-  while (progress.left > 0) {
-    ssize_t n = ::recv(fds_[progress.peer], progress.cursor, progress.left, 0);
+  while (true) {
+    const size_t headerLeft = progress.header ? sizeof(WireHeader) - progress.headerDone : 0;
+    if (headerLeft + progress.left == 0) return true;
+    ssize_t n;
+    if (headerLeft == 0) {
+      n = ::recv(fds_[progress.peer], progress.cursor, progress.left, 0);
+    } else {
+      iovec parts[2];
+      const int count = pendingIovecs(reinterpret_cast<char*>(progress.header) + progress.headerDone, headerLeft,
+                                      progress.cursor, progress.left, parts);
+      n = ::readv(fds_[progress.peer], parts, count);
+    }
     if (n > 0) {
-      progress.cursor += n;
-      progress.left -= static_cast<size_t>(n);
+      advance(progress, static_cast<size_t>(n), /*receiving=*/true);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -292,7 +379,6 @@ bool TcpTransport::tryRecv(Progress& progress) {
     if (aborted_) throw TransportError(TransportError::Kind::kAborted, progress.peer, "the group was aborted");
     throwIoError(progress.peer, "recv", n == 0 ? 0 : errno);
   }
-  return true;
 }
 
 // Progresses one send and/or one receive until both are done. Either may be null.
@@ -303,7 +389,17 @@ void TcpTransport::transfer(Progress* sending, Progress* receiving, Deadline dea
     bool received = receiving == nullptr || tryRecv(*receiving);
     if (sent && received) return;
 
-    pollfd entries[2];
+    // The transfer's own sockets, then the peers whose first message of this collective is due
+    // but not yet looked at (watchedPeers): a stray header from one of them is reported now,
+    // not after a timeout, even though this rank is waiting for another peer.
+    pollfd fixed[2];
+    std::vector<pollfd> many;
+    const std::vector<int> watched = watchedPeers(received ? -1 : receiving->peer);
+    pollfd* entries = fixed;
+    if (!watched.empty()) {
+      many.resize(2 + watched.size());
+      entries = many.data();
+    }
     nfds_t count = 0;
     if (!sent) entries[count++] = {fds_[sending->peer], POLLOUT, 0};
     if (!received) {
@@ -313,6 +409,8 @@ void TcpTransport::transfer(Progress* sending, Progress* receiving, Deadline dea
         entries[count++] = {fds_[receiving->peer], POLLIN, 0};
       }
     }
+    const nfds_t own = count;
+    for (int peer : watched) entries[count++] = {fds_[peer], POLLIN, 0};
     int ready = poll(entries, count, millisUntil(deadline));
     if (ready == 0 && Clock::now() >= deadline) {
       throwTimeout(sent ? nullptr : sending, received ? nullptr : receiving);
@@ -320,18 +418,46 @@ void TcpTransport::transfer(Progress* sending, Progress* receiving, Deadline dea
     if (ready < 0 && errno != EINTR) {
       throw TransportError(TransportError::Kind::kIo, -1, strCat("poll failed: ", std::strerror(errno)));
     }
+    for (nfds_t i = own; ready > 0 && i < count; ++i) {
+      if (entries[i].revents != 0) peekHeader(watched[i - own]);
+    }
   }
+}
+
+std::vector<int> TcpTransport::watchedPeers(int receivingFrom) const {
+  std::vector<int> peers;
+  if (!armed_) return peers;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_ && peer != receivingFrom && recvHeaderDue_[peer] && !headerPeeked_[peer]) peers.push_back(peer);
+  }
+  return peers;
+}
+
+void TcpTransport::peekHeader(int peer) {
+  WireHeader header;
+  const ssize_t n = ::recv(fds_[peer], &header, sizeof(header), MSG_PEEK | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (n > 0 && static_cast<size_t>(n) < sizeof(header)) return;  // the rest is on its way: poll again
+  headerPeeked_[peer] = 1;  // looked at (or closed, or failed: left to the recv that needs it)
+  if (n <= 0) return;
+  if (agrees(header, fingerprint_, header.messageBytes)) return;
+  const std::string mismatch = earlyHeaderMismatch(header, fingerprint_, describePeer(peer));
+  if (!mismatch.empty()) throw TransportError(TransportError::Kind::kMismatch, peer, mismatch);
 }
 
 void TcpTransport::send(int peer, const void* data, size_t bytes, Deadline deadline) {
   checkPeer(peer);
   Progress sending{peer, static_cast<char*>(const_cast<void*>(data)), bytes};
+  WireHeader header;
+  prepareSend(sending, header);
   transfer(&sending, nullptr, deadline);
 }
 
 void TcpTransport::recv(int peer, void* data, size_t bytes, Deadline deadline) {
   checkPeer(peer);
   Progress receiving{peer, static_cast<char*>(data), bytes};
+  WireHeader header;
+  prepareRecv(receiving, header);
   transfer(nullptr, &receiving, deadline);
 }
 
@@ -341,6 +467,10 @@ void TcpTransport::sendRecv(int sendPeer, const void* sendData, size_t sendBytes
   checkPeer(recvPeer);
   Progress sending{sendPeer, static_cast<char*>(const_cast<void*>(sendData)), sendBytes};
   Progress receiving{recvPeer, static_cast<char*>(recvData), recvBytes};
+  WireHeader outgoing;
+  WireHeader incoming;
+  prepareSend(sending, outgoing);
+  prepareRecv(receiving, incoming);
   transfer(&sending, &receiving, deadline);
 }
 

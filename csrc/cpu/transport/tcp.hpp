@@ -5,6 +5,14 @@
 // Sockets are non-blocking with TCP_NODELAY. A transfer first tries the syscall directly (the
 // common case for small messages costs one syscall) and falls back to poll() only when the
 // kernel would block; poll wakes at least every kPollSliceMs to notice abort() and deadlines.
+//
+// Fingerprints (fingerprint.hpp): once armed by beginCollective, the first message to each peer
+// goes out with its header in front (in one send up to 4 KB, with MSG_MORE above), and the first
+// one from each peer is read with one readv into header + payload; the header is checked as soon as it is complete. While a transfer
+// waits in poll(), the sockets of the other peers whose header is due are watched too, and a
+// header waiting there is peeked at: a peer in another collective is reported at once even when
+// this rank is blocked on a third rank (three ranks in two different collectives, each waiting
+// for the next, would otherwise only time out).
 #pragma once
 
 #include "cpu/transport/transport.hpp"
@@ -23,7 +31,8 @@ class TcpTransport final : public Transport {
   // naming the unreachable peer if a connection cannot be made before `deadline`. `purpose`
   // keeps the store keys of several meshes of one group apart ("" for the collectives' mesh).
   static std::unique_ptr<TcpTransport> connectFullMesh(StoreRendezvous& rendezvous, int rank, int size,
-                                                       Deadline deadline, const std::string& purpose = "");
+                                                       Deadline deadline, const std::string& purpose = "",
+                                                       bool checkFingerprints = true);
   ~TcpTransport() override;
 
   int rank() const override { return rank_; }
@@ -32,18 +41,32 @@ class TcpTransport final : public Transport {
   void recv(int peer, void* data, size_t bytes, Deadline deadline) override;
   void sendRecv(int sendPeer, const void* sendData, size_t sendBytes, int recvPeer, void* recvData,
                 size_t recvBytes, Deadline deadline) override;
+  void beginCollective(const Fingerprint& fingerprint) override;
   std::string describePeer(int peer) const override;
   void abort() override;
 
  private:
-  TcpTransport(int rank, int size);
+  TcpTransport(int rank, int size, bool checkFingerprints);
 
-  // One direction of a transfer in progress.
+  // One direction of a transfer in progress: an optional fingerprint header, then the payload.
   struct Progress {
     int peer;
     char* cursor;
     size_t left;
+    WireHeader* header = nullptr;  // non-null when a header precedes the payload
+    size_t headerDone = 0;         // header bytes moved so far
+    size_t payloadBytes = 0;       // the payload's whole length (a received header must announce it)
   };
+  // Whether a header is due on this rank's next message to (from) `peer`; if so clears it and
+  // fills `header` (sending) or prepares to check it (receiving).
+  void prepareSend(Progress& progress, WireHeader& header);
+  void prepareRecv(Progress& progress, WireHeader& header);
+  void advance(Progress& progress, size_t moved, bool receiving);
+  // Peers whose header is due and not yet peeked at, other than `receivingFrom`.
+  std::vector<int> watchedPeers(int receivingFrom) const;
+  // Looks at the header waiting on `peer`'s socket without consuming it (MSG_PEEK) and throws
+  // kMismatch if it cannot belong to a collective this rank will run (earlyHeaderMismatch).
+  void peekHeader(int peer);
   void transfer(Progress* sending, Progress* receiving, Deadline deadline);
   bool trySend(Progress& progress);
   bool tryRecv(Progress& progress);
@@ -56,6 +79,15 @@ class TcpTransport final : public Transport {
   std::vector<int> fds_;               // fds_[peer]; -1 for self
   std::vector<std::string> addresses_; // "ip:port" each rank listens on
   std::atomic<bool> aborted_{false};
+
+  // Fingerprint state: worker thread only (beginCollective and the transfers run there). The p2p
+  // mesh, used by several threads at once, is never armed, so its transfers never touch it.
+  const bool checkFingerprints_;
+  bool armed_ = false;
+  Fingerprint fingerprint_;
+  std::vector<char> sendHeaderDue_;  // per peer: the next message to it carries a header
+  std::vector<char> recvHeaderDue_;  // per peer: the next message from it must carry one
+  std::vector<char> headerPeeked_;   // per peer: its due header was looked at early (peekHeader)
 };
 
 }  // namespace ddplite

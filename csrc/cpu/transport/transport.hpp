@@ -7,6 +7,8 @@
 // called from any thread at any time and makes blocked calls fail promptly.
 #pragma once
 
+#include "cpu/transport/fingerprint.hpp"
+
 #include <chrono>
 #include <cstddef>
 #include <stdexcept>
@@ -20,7 +22,8 @@ using Deadline = Clock::time_point;
 // A failure of the transport. The backend turns it into a DistBackendError with op context.
 class TransportError : public std::runtime_error {
  public:
-  enum class Kind { kPeerClosed, kTimeout, kIo, kAborted };
+  // kMismatch: a peer's message belongs to another collective (see fingerprint.hpp).
+  enum class Kind { kPeerClosed, kTimeout, kIo, kAborted, kMismatch };
 
   TransportError(Kind kind, int peer, const std::string& what)
       : std::runtime_error(what), kind_(kind), peer_(peer) {}
@@ -48,6 +51,13 @@ class Transport {
   // step in which every rank sends and receives cannot deadlock on full socket buffers.
   virtual void sendRecv(int sendPeer, const void* sendData, size_t sendBytes, int recvPeer,
                         void* recvData, size_t recvBytes, Deadline deadline) = 0;
+
+  // Arms the fingerprint check for the collective about to run (fingerprint.hpp): the first
+  // message sent to each peer from now on carries `fingerprint`, and the first message received
+  // from each peer must carry an equal one and the expected length, else that recv throws
+  // TransportError(kMismatch). Worker thread only, like send/recv. A transport that was never
+  // armed (the p2p mesh) sends and expects no headers.
+  virtual void beginCollective(const Fingerprint& fingerprint) = 0;
 
   // "rank 3 (10.0.0.5:41234)": used in every error that names a peer.
   virtual std::string describePeer(int peer) const = 0;

@@ -1,0 +1,140 @@
+"""Per-rank programs where the ranks disagree about a collective (see test_mismatch.py).
+
+Each returns, per step, either the value the collective produced or the error it raised, so the
+test can assert that no rank ever returns a value computed from another collective's bytes.
+"""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def outcome(call):
+    """{"value": list, "seconds": s} or {"error": type, "message": str, "dist": bool, "seconds": s}."""
+    start = time.monotonic()
+    try:
+        value = call()
+        result = {"value": value.tolist() if isinstance(value, torch.Tensor) else value}
+    except Exception as error:  # noqa: BLE001 - the test inspects it
+        result = {"error": type(error).__name__, "message": str(error),
+                  "dist": isinstance(error, dist.DistBackendError)}
+    result["seconds"] = time.monotonic() - start
+    return result
+
+
+def all_reduce_of(tensor, **kwargs):
+    dist.all_reduce(tensor, **kwargs)
+    return tensor
+
+
+def gather_one_short(rank, world_size):
+    """The trust issue's case: the root passes a gather_list one short; the others gather."""
+    steps = {}
+    mine = torch.full((1,), float(rank + 10))
+    if rank == 0:
+        short = [torch.zeros(1) for _ in range(world_size - 1)]
+        steps["gather"] = outcome(lambda: dist.gather(mine, gather_list=short, dst=0))
+    else:
+        steps["gather"] = outcome(lambda: dist.gather(mine, dst=0))
+    steps["all_reduce"] = outcome(lambda: all_reduce_of(torch.full((3,), 1.0)))
+    steps["next"] = outcome(lambda: all_reduce_of(torch.full((3,), 1.0)))
+    return steps
+
+
+def allreduce_against_broadcast(rank, world_size):
+    """Rank 0 all-reduces 1000 elements while every other rank broadcasts 7 from rank 1."""
+    steps = {}
+    if rank == 0:
+        steps["first"] = outcome(lambda: all_reduce_of(torch.ones(1000)))
+    else:
+        steps["first"] = outcome(lambda: _broadcast(torch.ones(7) * rank, src=1))
+    steps["second"] = outcome(lambda: all_reduce_of(torch.full((3,), 1.0)))
+    steps["third"] = outcome(lambda: all_reduce_of(torch.full((3,), 1.0)))
+    return steps
+
+
+def _broadcast(tensor, src):
+    dist.broadcast(tensor, src=src)
+    return tensor
+
+
+def one_rank_differs(rank, world_size, case):
+    """Every rank but the last runs the common call; the last runs the variant of `case`."""
+    odd = rank == world_size - 1
+    calls = {
+        "dtype": lambda: all_reduce_of(torch.ones(4, dtype=torch.int32 if odd else torch.float32)),
+        "numel": lambda: all_reduce_of(torch.ones(5 if odd else 4)),
+        "reduce_op": lambda: all_reduce_of(torch.ones(4), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM),
+        "op": lambda: (all_reduce_of(torch.ones(4)) if not odd else _all_gather(torch.ones(2), world_size)),
+        "root": lambda: _broadcast(torch.ones(4) * rank, src=world_size - 1 if odd else 0),
+        "reduce_root": lambda: _reduce(torch.ones(4), dst=world_size - 1 if odd else 0),
+        "order": lambda: _in_order(rank, odd, world_size),
+        "alltoall_splits": lambda: _alltoall_splits(rank, world_size, odd),
+    }
+    steps = {"first": outcome(calls[case])}
+    steps["second"] = outcome(lambda: all_reduce_of(torch.full((3,), 1.0)))
+    steps["third"] = outcome(lambda: all_reduce_of(torch.full((3,), 1.0)))
+    return steps
+
+
+def _all_gather(tensor, world_size):
+    outputs = [torch.zeros_like(tensor) for _ in range(world_size)]
+    dist.all_gather(outputs, tensor)
+    return torch.cat(outputs)
+
+
+def _reduce(tensor, dst):
+    dist.reduce(tensor, dst=dst)
+    return tensor
+
+
+def _in_order(rank, odd, world_size):
+    """allreduce then broadcast, except the odd rank: broadcast then allreduce."""
+    first, second = torch.ones(6), torch.ones(6)
+    if odd:
+        dist.broadcast(first, src=0)
+        dist.all_reduce(second)
+    else:
+        dist.all_reduce(first)
+        dist.broadcast(second, src=0)
+    return torch.cat([first, second])
+
+
+def _alltoall_splits(rank, world_size, odd):
+    """Every rank sends 2 rows to each; the odd rank expects 3 from rank 0."""
+    send = [2] * world_size
+    recv = [2] * world_size
+    if odd:
+        recv[0] = 3
+    source = torch.arange(2 * world_size, dtype=torch.float32) + 100 * rank
+    output = torch.zeros(sum(recv))
+    dist.all_to_all_single(output, source, recv, send)
+    return output
+
+
+def refused_everywhere(rank, world_size):
+    """A call every rank refuses (ValueError) leaves the group in step and usable."""
+    steps = {
+        "int16": outcome(lambda: all_reduce_of(torch.ones(3, dtype=torch.int16))),
+        "expanded": outcome(lambda: all_reduce_of(torch.ones(1).expand(2 ** 31))),
+        "expanded_gather": outcome(
+            lambda: _all_gather_into(torch.ones(1).expand(2 * world_size), torch.ones(2))),
+        "after": outcome(lambda: all_reduce_of(torch.full((3,), float(rank + 1)))),
+        "broadcast_after": outcome(lambda: _broadcast(torch.full((2,), float(rank)), src=world_size - 1)),
+    }
+    return steps
+
+
+def _all_gather_into(output, tensor):
+    dist.all_gather_into_tensor(output, tensor)
+    return output
+
+
+def fingerprint_off_env():
+    return {"DDPLITE_FINGERPRINT": "0"}
+
+
+def pid(rank, world_size):
+    return os.getpid()
