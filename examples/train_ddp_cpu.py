@@ -27,6 +27,8 @@ def parse_args():
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--lr", type=float, default=0.02, help="per rank; scaled by world size")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save-params", metavar="PREFIX",
+                        help="each rank writes its final parameters to PREFIX.rank<R>.pt (to compare runs)")
     return parser.parse_args()
 
 
@@ -91,6 +93,9 @@ def main():
             print(f"epoch {epoch}: loss {stats[0] / stats[2]:.4f}  train accuracy {stats[1] / stats[2]:.3f}", flush=True)
     elapsed = time.perf_counter() - start
     in_sync = params_in_sync(model.module)
+    if args.save_params:
+        torch.save({name: p.detach() for name, p in model.module.named_parameters()},
+                   f"{args.save_params}.rank{rank}.pt")
     if rank == 0:
         print(f"done: backend={dist.get_backend()} world_size={world} images/s={images_seen / elapsed:.0f} "
               f"wall={elapsed:.1f}s params_in_sync={in_sync}", flush=True)

@@ -159,43 +159,53 @@ def overlapping_groups(rank, world_size, rounds=6):
 
 # ---- random programs (the property-based test) -------------------------------------------------
 
-def program_input(rank, step, count, dtype):
-    values = (torch.arange(count, dtype=torch.int64) * (step + 3) + rank * 7) % 13 - 4
-    return values.to(dtype)
+def program_input(rank, step, count, dtype, op=None):
+    """A distinct pseudo-random input per rank and step, exact under `op` (workers.make_input)."""
+    import workers
+    return workers.make_input(rank + 16 * step, count, dtype, op if op is not None else dist.ReduceOp.SUM)
+
+
+def program_op(dtype, op_name):
+    """The drawn reduce op, or SUM where ddplite or gloo does not define it for the dtype."""
+    import workers
+    op = getattr(dist.ReduceOp, op_name)
+    return op if workers.supported(dtype, op) and not workers.gloo_refuses(dtype, op) else dist.ReduceOp.SUM
 
 
 def run_program(rank, world_size, program):
-    """Runs `program` (a list of (op, count, dtype name, root, use_subgroup)) on ddplite and on gloo
-    groups over the same ranks, and returns the ops whose results differ."""
+    """Runs `program` (a list of (op, count, dtype name, root, use_subgroup, reduce op name)) on
+    ddplite and on gloo groups over the same ranks, and returns the ops whose results differ."""
     sub_ranks = list(range(1, world_size)) if world_size > 2 else list(range(world_size))
     ddplite_groups = {False: dist.group.WORLD, True: dist.new_group(sub_ranks)}
     gloo_groups = {False: dist.new_group(backend="gloo"), True: dist.new_group(sub_ranks, backend="gloo")}
     mismatches = []
-    for step, (op, count, dtype_name, root_index, use_subgroup) in enumerate(program):
+    for step, (op, count, dtype_name, root_index, use_subgroup, reduce_name) in enumerate(program):
         ranks = sub_ranks if use_subgroup else list(range(world_size))
         if rank not in ranks:
             continue
         size = len(ranks)
         root = ranks[root_index % size]
         dtype = getattr(torch, dtype_name)
+        reduce_op = program_op(dtype, reduce_name)
         results = []
         for group in (ddplite_groups[use_subgroup], gloo_groups[use_subgroup]):
-            tensor = program_input(rank, step, count, dtype)
+            tensor = program_input(rank, step, count, dtype, reduce_op)
             if op == "all_reduce":
-                dist.all_reduce(tensor, group=group)
+                dist.all_reduce(tensor, op=reduce_op, group=group)
                 out = tensor
             elif op == "broadcast":
                 dist.broadcast(tensor, src=root, group=group)
                 out = tensor
             elif op == "reduce":
-                dist.reduce(tensor, dst=root, group=group)
+                dist.reduce(tensor, dst=root, op=reduce_op, group=group)
                 out = tensor if rank == root else torch.zeros(0, dtype=dtype)
             elif op == "all_gather":
                 out = torch.zeros(size * count, dtype=dtype)
                 dist.all_gather_into_tensor(out, tensor, group=group)
             elif op == "reduce_scatter":
                 out = torch.zeros(count, dtype=dtype)
-                dist.reduce_scatter_tensor(out, program_input(rank, step, count * size, dtype), group=group)
+                dist.reduce_scatter_tensor(out, program_input(rank, step, count * size, dtype, reduce_op), op=reduce_op,
+                                           group=group)
             elif op == "all_to_all":
                 out = torch.zeros(count * size, dtype=dtype)
                 dist.all_to_all_single(out, program_input(rank, step, count * size, dtype), group=group)
@@ -203,6 +213,6 @@ def run_program(rank, world_size, program):
                 raise ValueError(op)
             results.append(out)
         if not torch.equal(results[0], results[1]):
-            mismatches.append(f"rank {rank} step {step} {op} n={count} {dtype_name} root={root} "
+            mismatches.append(f"rank {rank} step {step} {op} {reduce_name} n={count} {dtype_name} root={root} "
                               f"sub={use_subgroup}: {results[0][:6].tolist()} != {results[1][:6].tolist()}")
     return mismatches

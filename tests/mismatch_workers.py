@@ -138,3 +138,32 @@ def fingerprint_off_env():
 
 def pid(rank, world_size):
     return os.getpid()
+
+
+def coalesced_parts_with_mixed_algorithms(rank, world_size, rounds):
+    """Legitimate coalesced ops whose parts run different algorithms (ring above 64 KB, butterfly,
+    doubling or halving below): a rank that finishes one part early sends the next part's header
+    to a peer still in the previous one. That must never be reported as a mismatch."""
+    failures = []
+    total = float(sum(range(1, world_size + 1)))
+    for round_ in range(rounds):
+        big = torch.full((40000,), float(rank + 1))             # float32, 160 KB: ring
+        small = torch.full((3,), rank + 1, dtype=torch.int64)    # int64, 24 B: butterfly
+        wide = torch.full((20000,), float(rank + 1), dtype=torch.float64)  # 160 KB: ring
+        with dist._coalescing_manager(async_ops=True) as manager:  # one allreduce_coalesced, 3 dtypes
+            for tensor in (big, small, wide):
+                dist.all_reduce(tensor)
+        manager.wait()
+        for name, tensor in (("big", big), ("small", small), ("wide", wide)):
+            if not torch.equal(tensor, torch.full_like(tensor, total)):
+                failures.append(f"round {round_} {name}: {tensor[:3].tolist()}")
+        outputs = [torch.zeros(world_size * 40000), torch.zeros(world_size * 2)]
+        with dist._coalescing_manager(async_ops=True) as manager:
+            dist.all_gather_into_tensor(outputs[0], torch.full((40000,), float(rank)))  # ring
+            dist.all_gather_into_tensor(outputs[1], torch.full((2,), float(rank)))      # doubling
+        manager.wait()
+        for index, per_rank in enumerate((40000, 2)):
+            expected = torch.arange(world_size, dtype=torch.float32).repeat_interleave(per_rank)
+            if not torch.equal(outputs[index], expected):
+                failures.append(f"round {round_} all_gather part {index}: {outputs[index][:4].tolist()}")
+    return failures

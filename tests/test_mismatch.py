@@ -120,6 +120,13 @@ def test_disagreement_where_no_message_crosses_times_out():
         assert steps["first"]["seconds"] >= 2.5
 
 
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_coalesced_parts_on_different_algorithms_are_no_mismatch(world_size):
+    results = run_ranks(mw.coalesced_parts_with_mixed_algorithms, world_size, 30, pg_timeout_s=PG_TIMEOUT_S)
+    for rank, failures in enumerate(results):
+        assert failures == [], (rank, failures[:5])
+
+
 def test_algorithm_pins_that_differ():
     pinned = run_ranks(_allreduce_with_rank_pin, 2, pg_timeout_s=PG_TIMEOUT_S)
     texts = [step["message"] for step in pinned if "message" in step]

@@ -103,7 +103,8 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   connectMpi(wantsMpiTransport(rank, size));
   const Deadline connectBy = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
   transport_ = TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "", fingerprintChecks(rank, size));
-  p2p_ = std::make_unique<cpu::P2pEngine>(TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "p2p/"));
+  p2p_ = std::make_unique<cpu::P2pEngine>(TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "p2p/",
+                                                                             /*checkFingerprints=*/false));
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
                                       [this](std::chrono::milliseconds t) { return resolveTimeout(t); }});
   worker_ = std::make_unique<Worker>();
@@ -141,7 +142,10 @@ void DdpliteBackend::connectMpi(bool mpiTransport) {
   }
   mpiComm_ = std::make_unique<mpi::GroupComm>(worldRanks, rank_);
   bootstrap_ = std::make_unique<mpi::MpiBootstrap>(*mpiComm_);
-  if (mpiTransport) mpiCollectives_ = std::make_unique<cpu::MpiCollectives>(*mpiComm_);
+  if (mpiTransport) {
+    mpiDataComm_ = mpiComm_->duplicate();
+    mpiCollectives_ = std::make_unique<cpu::MpiCollectives>(*mpiDataComm_);
+  }
 }
 
 DdpliteBackend::~DdpliteBackend() {
@@ -172,16 +176,28 @@ bool DdpliteBackend::routesToCuda(const OpContext& ctx, const at::Tensor& tensor
   return true;
 }
 
+namespace {
+// How many collective() calls this thread is inside: a staged CUDA op issues its CPU collective
+// through the backend again, and only the outermost call may consume a refused number.
+thread_local int collectiveDepth = 0;
+struct DepthGuard {
+  DepthGuard() { ++collectiveDepth; }
+  ~DepthGuard() { --collectiveDepth; }
+};
+}  // namespace
+
 template <typename Issue>
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::collective(const char* op, Issue&& issue) {
   const OpContext ctx = nextContext(op);
+  const DepthGuard depth;
+  const bool outermost = collectiveDepth == 1;
   try {
     return issue(ctx);
   } catch (const c10::ValueError& error) {
-    consumeRefusedNumber(op, strCat("ValueError: ", error.what_without_backtrace()));
+    if (outermost) consumeRefusedNumber(op, strCat("ValueError: ", error.what_without_backtrace()));
     throw;
   } catch (const c10::NotImplementedError& error) {
-    consumeRefusedNumber(op, strCat("NotImplementedError: ", error.what_without_backtrace()));
+    if (outermost) consumeRefusedNumber(op, strCat("NotImplementedError: ", error.what_without_backtrace()));
     throw;
   }
 }
@@ -191,12 +207,14 @@ void DdpliteBackend::consumeRefusedNumber(const char* op, const std::string& why
   const uint64_t seq = ++seq_;
   std::string firstLine = why.substr(0, why.find('\n'));
   lastRefusal_ = strCat(op, " #", seq, " (", firstLine, ")");
+  lastRefusedSeq_ = seq;
   DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": ", op, " #", seq, " refused on this rank: ", firstLine);
 }
 
-std::string DdpliteBackend::refusalNote() const {
+std::string DdpliteBackend::refusalNote(uint64_t mismatchedSeq) const {
   std::lock_guard<std::mutex> lock(enqueueMutex_);
-  if (lastRefusal_.empty()) return "";
+  // Only a refusal just before the collective that met the stray message explains it.
+  if (lastRefusal_.empty() || lastRefusedSeq_ + 1 != mismatchedSeq) return "";
   return strCat(". This rank refused ", lastRefusal_,
                 " and sent nothing for it; a rank where the same call succeeded is still in that collective");
 }
@@ -230,7 +248,7 @@ void DdpliteBackend::runOnWorker(DdpliteWork& work, std::chrono::milliseconds ti
 
 std::exception_ptr DdpliteBackend::failureFromTransport(const OpContext& ctx, const TransportError& error) {
   std::string what = error.what();
-  if (error.kind() == TransportError::Kind::kMismatch) what += refusalNote();
+  if (error.kind() == TransportError::Kind::kMismatch) what += refusalNote(ctx.seq);
   if (error.kind() == TransportError::Kind::kAborted) {
     std::lock_guard<std::mutex> lock(brokenMutex_);
     if (!brokenReason_.empty()) what = brokenReason_;

@@ -112,8 +112,9 @@ class DdpliteBackend final : public c10d::Backend {
   template <typename Issue>
   c10::intrusive_ptr<c10d::Work> collective(const char* op, Issue&& issue);
   void consumeRefusedNumber(const char* op, const std::string& why);
-  // " (this rank refused allreduce #3 ...)" when a refusal explains a mismatch, else "".
-  std::string refusalNote() const;
+  // ". This rank refused gather #3 ..." when the collective just before `mismatchedSeq` was
+  // refused here (which explains a mismatch met in `mismatchedSeq`), else "".
+  std::string refusalNote(uint64_t mismatchedSeq) const;
   // True for CUDA tensors (the caller hands the call to cuda_); NotImplementedError for CUDA
   // tensors in a build without NCCL.
   bool routesToCuda(const OpContext& ctx, const at::Tensor& tensor) const;
@@ -133,6 +134,7 @@ class DdpliteBackend final : public c10d::Backend {
   StoreRendezvous rendezvous_;
   std::atomic<int64_t> timeoutMs_;
   std::unique_ptr<mpi::GroupComm> mpiComm_;              // null unless one MPI job
+  std::unique_ptr<mpi::GroupComm> mpiDataComm_;          // a duplicate for mpiCollectives_
   std::unique_ptr<cpu::MpiCollectives> mpiCollectives_;  // null unless DDPLITE_CPU_TRANSPORT=mpi
   std::unique_ptr<Bootstrap> bootstrap_;  // NCCL unique id and device ids: MPI in one MPI job, else the store
   std::unique_ptr<Transport> transport_;
@@ -143,6 +145,7 @@ class DdpliteBackend final : public c10d::Backend {
   mutable std::mutex enqueueMutex_;  // makes "assign seq + enqueue" atomic
   std::atomic<uint64_t> seq_{0};
   std::string lastRefusal_;     // "allreduce #3 (ValueError: ...)"; guarded by enqueueMutex_
+  uint64_t lastRefusedSeq_ = 0; // its sequence number; guarded by enqueueMutex_
 
   std::mutex brokenMutex_;
   std::string brokenReason_;    // non-empty once the group is unusable

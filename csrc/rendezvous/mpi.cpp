@@ -131,6 +131,12 @@ GroupComm::GroupComm(const std::vector<int>& worldRanks, int groupRank)
   handle_ = reinterpret_cast<void*>(comm);
 }
 
+std::unique_ptr<GroupComm> GroupComm::duplicate() const {
+  MPI_Comm copy = MPI_COMM_NULL;
+  check(MPI_Comm_dup(commOf(*this), &copy), "MPI_Comm_dup");
+  return std::unique_ptr<GroupComm>(new GroupComm(rank_, size_, reinterpret_cast<void*>(copy)));
+}
+
 GroupComm::~GroupComm() {
   MPI_Comm comm = commOf(*this);
   if (comm != MPI_COMM_NULL && isInitialized()) MPI_Comm_free(&comm);
@@ -157,6 +163,7 @@ void finalizeAtExit() {}
 std::string broadcastWorld(const std::string&, int) { notCompiled("MPI_Bcast"); }
 GroupComm::GroupComm(const std::vector<int>&, int) : rank_(0), size_(0) { notCompiled("an MPI communicator"); }
 GroupComm::~GroupComm() = default;
+std::unique_ptr<GroupComm> GroupComm::duplicate() const { notCompiled("an MPI communicator"); }
 std::string MpiBootstrap::broadcast(const std::string&, const std::string&, int) { notCompiled("MPI bootstrap"); }
 
 #endif

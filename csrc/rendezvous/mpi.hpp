@@ -53,8 +53,15 @@ class GroupComm {
   int size() const { return size_; }
   // The MPI_Comm, type-erased (mpi_collectives.cpp and MpiBootstrap cast it back).
   void* handle() const { return handle_; }
+  // A communicator over the same ranks whose traffic never matches this one's (MPI_Comm_dup);
+  // collective over the group. The CPU data path runs on a duplicate, so set-up broadcasts on the
+  // group's own communicator (the NCCL unique id, from the caller's thread) can never pair with
+  // a data collective running on the worker thread.
+  std::unique_ptr<GroupComm> duplicate() const;
 
  private:
+  GroupComm(int rank, int size, void* handle) : rank_(rank), size_(size), handle_(handle) {}
+
   int rank_;
   int size_;
   void* handle_ = nullptr;

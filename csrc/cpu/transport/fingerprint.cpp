@@ -66,9 +66,11 @@ std::string reduceLabel(uint8_t reduceOp) {
   return cpu::reduceOpName(static_cast<c10d::ReduceOp::RedOpType>(reduceOp));
 }
 
-std::string describeFields(uint8_t kind, uint8_t opName, uint64_t seq, uint8_t algorithm, int8_t dtype,
+std::string describeFields(uint8_t kind, uint8_t opName, uint64_t seq, uint8_t part, uint8_t algorithm, int8_t dtype,
                            uint8_t reduceOp, int32_t root, uint64_t bytes) {
-  std::string text = strCat(opLabel(kind, opName), " #", seq, " (", algorithmLabel(kind, algorithm));
+  std::string text = strCat(opLabel(kind, opName), " #", seq);
+  if (part > 0) text += strCat(" part ", part + 1);
+  text += strCat(" (", algorithmLabel(kind, algorithm));
   if (dtype >= 0) text += ", " + dtypeLabel(dtype);
   if (reduceOp != 0xff) text += ", " + reduceLabel(reduceOp);
   if (root >= 0) text += strCat(", root ", root);
@@ -91,12 +93,12 @@ uint32_t checksumOf(const WireHeader& header) {
 }  // namespace
 
 bool Fingerprint::sameCollective(const Fingerprint& other) const {
-  return seq == other.seq && kind == other.kind && algorithm == other.algorithm && dtype == other.dtype &&
+  return seq == other.seq && part == other.part && kind == other.kind && algorithm == other.algorithm && dtype == other.dtype &&
          reduceOp == other.reduceOp && root == other.root && bytes == other.bytes;
 }
 
 std::string Fingerprint::describe() const {
-  return describeFields(static_cast<uint8_t>(kind), opName, seq, algorithm, dtype, reduceOp, root, bytes);
+  return describeFields(static_cast<uint8_t>(kind), opName, seq, part, algorithm, dtype, reduceOp, root, bytes);
 }
 
 uint8_t userOpCode(const char* name) {
@@ -115,6 +117,7 @@ WireHeader encodeHeader(const Fingerprint& fingerprint, uint64_t messageBytes) {
   header.algorithm = fingerprint.algorithm;
   header.dtype = fingerprint.dtype;
   header.reduceOp = fingerprint.reduceOp;
+  header.part = fingerprint.part;
   header.root = fingerprint.root;
   header.seq = fingerprint.seq;
   header.bytes = fingerprint.bytes;
@@ -125,6 +128,7 @@ WireHeader encodeHeader(const Fingerprint& fingerprint, uint64_t messageBytes) {
 
 bool agrees(const WireHeader& header, const Fingerprint& mine, uint64_t expectedBytes) {
   return header.magic == kHeaderMagic && header.check == checksumOf(header) && header.seq == mine.seq &&
+         header.part == mine.part &&
          header.kind == static_cast<uint8_t>(mine.kind) && header.algorithm == mine.algorithm &&
          header.dtype == mine.dtype && header.reduceOp == mine.reduceOp && header.root == mine.root &&
          header.bytes == mine.bytes && header.messageBytes == expectedBytes;
@@ -139,14 +143,16 @@ std::string headerMismatch(const WireHeader& header, const Fingerprint& mine, ui
                   "collective that moves more data than this rank's, or runs a different algorithm or "
                   "chunk size)");
   }
-  const std::string theirs = describeFields(header.kind, header.opName, header.seq, header.algorithm, header.dtype,
-                                            header.reduceOp, header.root, header.bytes);
+  const std::string theirs = describeFields(header.kind, header.opName, header.seq, header.part, header.algorithm,
+                                            header.dtype, header.reduceOp, header.root, header.bytes);
   std::vector<std::string> diff;
   auto field = [&](bool differs, const char* what, const std::string& here, const std::string& there) {
     if (differs) diff.push_back(strCat(what, ": ", here, " here, ", there, " at the peer"));
   };
   const auto kind = static_cast<uint8_t>(mine.kind);
   field(header.seq != mine.seq, "sequence number", strCat("#", mine.seq), strCat("#", header.seq));
+  field(header.seq == mine.seq && header.part != mine.part, "part of the coalesced op", strCat(mine.part + 1),
+        strCat(header.part + 1));
   field(header.kind != kind, "collective", kindName(kind), kindName(header.kind));
   field(header.kind == kind && header.algorithm != mine.algorithm, "algorithm", algorithmLabel(kind, mine.algorithm),
         algorithmLabel(kind, header.algorithm));
@@ -169,7 +175,8 @@ std::string headerMismatch(const WireHeader& header, const Fingerprint& mine, ui
 
 std::string earlyHeaderMismatch(const WireHeader& header, const Fingerprint& mine, const std::string& peer) {
   const bool wellFormed = header.magic == kHeaderMagic && header.check == checksumOf(header);
-  if (wellFormed && header.seq > mine.seq) return "";
+  const bool later = header.seq > mine.seq || (header.seq == mine.seq && header.part > mine.part);
+  if (wellFormed && later) return "";
   return headerMismatch(header, mine, header.messageBytes, peer);
 }
 

@@ -12,7 +12,7 @@
 // TransportError(kMismatch) before any received byte is reduced or returned.
 //
 // What every rank must agree on, and so what is compared: the byte-level kind, the sequence
-// number, the algorithm, dtype, reduce op, root, the collective's agreed size, and the length of
+// number and part (a coalesced op runs several byte-level collectives), the algorithm, dtype, reduce op, root, the collective's agreed size, and the length of
 // each first message (which checks the framing of algorithms and the split sizes of all_to_all,
 // whose totals differ by rank). The user-level op name travels too, for messages only: all_gather
 // and all_gather_into_tensor are the same collective on the wire.
@@ -51,6 +51,8 @@ struct Fingerprint {
   uint8_t reduceOp = 0xff;   // c10d::ReduceOp::RedOpType, 0xff for data movement
   int32_t root = -1;         // rooted collectives; -1 otherwise
   uint64_t bytes = 0;        // a size every rank agrees on (see collectives.cpp), 0 for all_to_all
+  uint8_t part = 0;          // which byte-level collective of the op (coalesced ops run several);
+                             // numbered by the transport (TcpTransport::beginCollective)
   const char* algorithmName = "";  // not on the wire: this rank's name for `algorithm`
 
   // True when `other` describes the same collective (opName and algorithmName aside).
@@ -71,7 +73,8 @@ struct WireHeader {
   uint8_t algorithm;
   int8_t dtype;
   uint8_t reduceOp;
-  uint8_t reserved[3];
+  uint8_t part;
+  uint8_t reserved[2];
   int32_t root;
   uint64_t seq;
   uint64_t bytes;
@@ -94,9 +97,10 @@ std::string headerMismatch(const WireHeader& header, const Fingerprint& mine, ui
                            const std::string& peer);
 
 // The same check on a header peeked at early, from a peer this rank is not receiving from yet:
-// the message length is not known yet, and a header of a later collective (seq above this rank's)
-// passes, since the peer may be ahead legitimately (this rank receives nothing from it in this
-// collective). Equal or lower sequence numbers must describe this very collective.
+// the message length is not known yet, and a header of a later collective ((seq, part) above
+// this rank's) passes, since the peer may be ahead legitimately (this rank receives nothing from
+// it in this collective, or in this part of a coalesced op). Equal or lower ones must describe
+// this very collective.
 std::string earlyHeaderMismatch(const WireHeader& header, const Fingerprint& mine, const std::string& peer);
 
 }  // namespace ddplite

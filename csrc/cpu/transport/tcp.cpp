@@ -287,8 +287,13 @@ void TcpTransport::throwTimeout(const Progress* sending, const Progress* receivi
 
 void TcpTransport::beginCollective(const Fingerprint& fingerprint) {
   if (!checkFingerprints_) return;
+  // The byte-level collectives of one op (a coalesced op has several) share its sequence
+  // number and are told apart by their part, numbered here in the order they run.
+  const bool nextPart = armed_ && fingerprint.seq == fingerprint_.seq;
+  const uint8_t part = nextPart ? static_cast<uint8_t>(fingerprint_.part + 1) : 0;
   armed_ = true;
   fingerprint_ = fingerprint;
+  fingerprint_.part = part;
   std::fill(headerPeeked_.begin(), headerPeeked_.end(), 0);
   std::fill(sendHeaderDue_.begin(), sendHeaderDue_.end(), 1);
   std::fill(recvHeaderDue_.begin(), recvHeaderDue_.end(), 1);
@@ -412,7 +417,7 @@ void TcpTransport::transfer(Progress* sending, Progress* receiving, Deadline dea
     const nfds_t own = count;
     for (int peer : watched) entries[count++] = {fds_[peer], POLLIN, 0};
     int ready = poll(entries, count, millisUntil(deadline));
-    if (ready == 0 && Clock::now() >= deadline) {
+    if (Clock::now() >= deadline) {  // even when a watched socket keeps poll returning at once
       throwTimeout(sent ? nullptr : sending, received ? nullptr : receiving);
     }
     if (ready < 0 && errno != EINTR) {
@@ -437,9 +442,10 @@ void TcpTransport::peekHeader(int peer) {
   WireHeader header;
   const ssize_t n = ::recv(fds_[peer], &header, sizeof(header), MSG_PEEK | MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-  if (n > 0 && static_cast<size_t>(n) < sizeof(header)) return;  // the rest is on its way: poll again
-  headerPeeked_[peer] = 1;  // looked at (or closed, or failed: left to the recv that needs it)
-  if (n <= 0) return;
+  // Looked at: a whole header, or a short or closed stream (left to the recv that needs it, so
+  // that a peer that stalls mid-header cannot keep poll() returning at once).
+  headerPeeked_[peer] = 1;
+  if (n <= 0 || static_cast<size_t>(n) < sizeof(header)) return;
   if (agrees(header, fingerprint_, header.messageBytes)) return;
   const std::string mismatch = earlyHeaderMismatch(header, fingerprint_, describePeer(peer));
   if (!mismatch.empty()) throw TransportError(TransportError::Kind::kMismatch, peer, mismatch);
