@@ -3,10 +3,25 @@ full runs are in tests/test_cifar10.py) and the minimal example, examples/train_
 torchrun (env://)."""
 
 import os
+import signal
 import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_in_own_session(command, timeout, env=None):
+    """subprocess.run, but a timeout kills the whole process group (torchrun and its ranks), so a
+    hung run leaves nothing behind."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def test_train_sh_runs_the_cifar10_example_and_passes_arguments_through(tmp_path):
@@ -15,8 +30,7 @@ def test_train_sh_runs_the_cifar10_example_and_passes_arguments_through(tmp_path
                "--limit-eval-batches", "2", "--data-dir", str(tmp_path / "no-cifar10-here"),
                "--synthetic-dir", str(tmp_path / "generated"), "--checkpoint-dir", str(tmp_path),
                "--out-dir", str(tmp_path)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO,
-                            env={**os.environ, "PYTHON": sys.executable})
+    result = run_in_own_session(command, timeout=300, env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stdout + result.stderr[-5000:]
     summary = [line for line in result.stdout.splitlines() if line.startswith("done:")]
     assert summary, result.stdout
@@ -27,7 +41,7 @@ def test_train_sh_runs_the_cifar10_example_and_passes_arguments_through(tmp_path
 def torchrun_example(*args, backend="ddplite"):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                os.path.join(REPO, "examples", "train_ddp_cpu.py"), "--backend", backend, *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    result = run_in_own_session(command, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.splitlines()
 
