@@ -171,36 +171,39 @@ size_t totalBytes(const std::vector<Span>& spans) {
 // for gather (equal on every rank), the receive spans for scatter. alltoall's totals differ per
 // rank, so under MPI it always goes to MPI (which refuses counts over 2 GiB with a clear error);
 // its fingerprint carries no size, and each first message's length checks the splits instead.
-void gatherVia(const CpuContext& ctx, const ExchangeArgs& args, c10::ScalarType dtype) {
-  const size_t agreed = totalBytes(args.sendSpans);
-  const Fingerprint fingerprint = fingerprintOf(ctx, WireKind::kGather, 0, "direct", dtype, -1, args.root, agreed);
-  if (ctx.mpi != nullptr && ctx.mpi->handles(agreed)) {
+using MpiExchange = void (MpiCollectives::*)(const ExchangeArgs&) const;
+
+// One exchange: through MPI when the group uses it and `mpiTakesIt`, else `direct` on the transport;
+// fingerprinted either way. `agreed` is the size every rank agrees on (0 for all_to_all).
+void exchangeVia(const CpuContext& ctx, const ExchangeArgs& args, WireKind kind, const char* algorithm,
+                 size_t agreed, bool mpiTakesIt, c10::ScalarType dtype, MpiExchange viaMpi,
+                 void (*direct)(const ExchangeArgs&)) {
+  const int root = kind == WireKind::kAlltoall ? -1 : args.root;
+  const Fingerprint fingerprint = fingerprintOf(ctx, kind, 0, algorithm, dtype, -1, root, agreed);
+  if (ctx.mpi != nullptr && mpiTakesIt) {
     ctx.mpi->agree(fingerprint, ctx.deadline);
-    return ctx.mpi->gather(args);
+    (ctx.mpi->*viaMpi)(args);
+    return;
   }
   ctx.transport.beginCollective(fingerprint);
-  gatherDirect(args);
+  direct(args);
+}
+
+void gatherVia(const CpuContext& ctx, const ExchangeArgs& args, c10::ScalarType dtype) {
+  const size_t agreed = totalBytes(args.sendSpans);
+  exchangeVia(ctx, args, WireKind::kGather, "direct", agreed, ctx.mpi != nullptr && ctx.mpi->handles(agreed), dtype,
+              &MpiCollectives::gather, &gatherDirect);
 }
 
 void scatterVia(const CpuContext& ctx, const ExchangeArgs& args, c10::ScalarType dtype) {
   const size_t agreed = totalBytes(args.recvSpans);
-  const Fingerprint fingerprint = fingerprintOf(ctx, WireKind::kScatter, 0, "direct", dtype, -1, args.root, agreed);
-  if (ctx.mpi != nullptr && ctx.mpi->handles(agreed)) {
-    ctx.mpi->agree(fingerprint, ctx.deadline);
-    return ctx.mpi->scatter(args);
-  }
-  ctx.transport.beginCollective(fingerprint);
-  scatterDirect(args);
+  exchangeVia(ctx, args, WireKind::kScatter, "direct", agreed, ctx.mpi != nullptr && ctx.mpi->handles(agreed), dtype,
+              &MpiCollectives::scatter, &scatterDirect);
 }
 
 void alltoallVia(const CpuContext& ctx, const ExchangeArgs& args, c10::ScalarType dtype) {
-  const Fingerprint fingerprint = fingerprintOf(ctx, WireKind::kAlltoall, 0, "pairwise", dtype, -1, -1, 0);
-  if (ctx.mpi != nullptr) {
-    ctx.mpi->agree(fingerprint, ctx.deadline);
-    return ctx.mpi->alltoall(args);
-  }
-  ctx.transport.beginCollective(fingerprint);
-  alltoallPairwise(args);
+  exchangeVia(ctx, args, WireKind::kAlltoall, "pairwise", 0, /*mpiTakesIt=*/true, dtype, &MpiCollectives::alltoall,
+              &alltoallPairwise);
 }
 
 // Reduce-scatter on a working buffer of P equal blocks that the algorithm may overwrite.
