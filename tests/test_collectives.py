@@ -66,3 +66,37 @@ def test_sequence_numbers_and_options():
         assert result["timeout_s"] == pytest.approx(77)
         assert result["timeout_after_set_s"] == pytest.approx(5)
         assert result["name"] == result["backend_name"] == result["options_name"] == "ddplite"
+
+
+@pytest.mark.parametrize("count", [1, 5, 1000])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_noncontiguous_every_op(world_size, count):
+    """Strided inputs and outputs for every collective and send/recv, against gloo on contiguous
+    copies; the gaps of each strided buffer must stay untouched."""
+    results = run_ranks(workers.noncontiguous_every_op, world_size, count)
+    assert_clean(results, minimum_checks=20)
+
+
+@pytest.mark.parametrize("algorithm", ["dissemination"])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_barrier_synchronises(world_size, algorithm, tmp_path):
+    """No rank leaves the barrier before the last one entered: the late rank's marker (written
+    just before it enters) exists for everyone afterwards, and everyone waited its delay."""
+    delay_s = 1.0
+    for late_rank in (0, world_size - 1):
+        folder = tmp_path / f"late{late_rank}"
+        folder.mkdir()
+        results = run_ranks(workers.barrier_synchronises, world_size, str(folder), late_rank, delay_s,
+                            env={"DDPLITE_ALGO": f"barrier:{algorithm}"})
+        for rank, result in enumerate(results):
+            assert result["missing"] == [], f"rank {rank} left the barrier before rank(s) {result['missing']} entered"
+            assert result["waited_s"] >= delay_s * 0.9, f"rank {rank} waited only {result['waited_s']:.3f} s"
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "butterfly", "halving_doubling", "naive"])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_half_precision_sums_round_like_float32(world_size, algorithm):
+    """fp16/bf16 with inexact sums: 2 ranks equal the float32 sum rounded once, bit for bit; more
+    ranks stay within the rounding bound of P-1 additions (workers.half_precision_sums)."""
+    results = run_ranks(workers.half_precision_sums, world_size, 4099, algorithm)
+    assert_clean(results, minimum_checks=4)

@@ -370,3 +370,179 @@ def init_with_interface(rank, world_size, store_path, ifname):
     tensor = torch.ones(3)
     dist.all_reduce(tensor)
     return {"raised": None, "value": tensor.tolist()}
+
+
+def _strided(values, sentinel):
+    """A non-contiguous view holding `values` (every other element of a larger buffer whose gaps
+    hold `sentinel`), and the buffer itself, so a test can see writes that leak into the gaps."""
+    buffer = torch.full((values.numel(), 2), sentinel, dtype=values.dtype)
+    view = buffer[:, 0]
+    view.copy_(values.flatten())
+    return view, buffer
+
+
+def noncontiguous_every_op(rank, world_size, count):
+    """Every collective and point-to-point op with strided (non-contiguous) inputs and outputs:
+    the result must equal gloo's on contiguous copies of the same inputs, land in the caller's
+    view, and leave the gaps between the view's elements untouched."""
+    sweep = Sweep(rank)
+    gloo = sweep.gloo
+    sentinel = -7.0
+    P = world_size
+
+    def data(tag, n=count):
+        return make_input(rank * 31 + tag, n, torch.float32)
+
+    def check(label, views_and_buffers, expected):
+        for k, ((view, buffer), want) in enumerate(zip(views_and_buffers, expected)):
+            sweep.check(f"{label}[{k}] values", view.clone(), want)
+            sweep.check(f"{label}[{k}] gaps", buffer[:, 1].clone(), torch.full_like(buffer[:, 1], sentinel))
+
+    def fresh(values):
+        return _strided(values, sentinel)
+
+    # all_reduce, broadcast, reduce
+    x = data(1)
+    pair = fresh(x)
+    dist.all_reduce(pair[0])
+    want = x.clone()
+    dist.all_reduce(want, group=gloo)
+    check("all_reduce", [pair], [want])
+    for src in range(P):
+        pair, want = fresh(data(2)), data(2)
+        dist.broadcast(pair[0], src=src)
+        dist.broadcast(want, src=src, group=gloo)
+        check(f"broadcast src={src}", [pair], [want])
+        pair, want = fresh(data(3)), data(3)
+        dist.reduce(pair[0], dst=src)
+        dist.reduce(want, dst=src, group=gloo)
+        if rank == src:
+            check(f"reduce dst={src}", [pair], [want])
+    # all_gather (list) and all_gather_into_tensor
+    x = data(4)
+    outputs = [fresh(torch.zeros(count)) for _ in range(P)]
+    source = fresh(x)
+    dist.all_gather([view for view, _ in outputs], source[0])
+    wants = [torch.zeros(count) for _ in range(P)]
+    dist.all_gather(wants, x, group=gloo)
+    check("all_gather", outputs, wants)
+    check("all_gather input", [source], [x])
+    flat = fresh(torch.zeros(count * P))
+    dist.all_gather_into_tensor(flat[0], fresh(x)[0])
+    check("all_gather_into_tensor", [flat], [torch.cat(wants)])
+    # gather, scatter
+    for root in range(P):
+        x = data(5)
+        outputs = [fresh(torch.zeros(count)) for _ in range(P)] if rank == root else None
+        dist.gather(fresh(x)[0], [view for view, _ in outputs] if outputs else None, dst=root)
+        wants = [torch.zeros(count) for _ in range(P)] if rank == root else None
+        dist.gather(x, wants, dst=root, group=gloo)
+        if rank == root:
+            check(f"gather dst={root}", outputs, wants)
+        pieces = [data(6 + k) for k in range(P)]
+        target = fresh(torch.zeros(count))
+        dist.scatter(target[0], [fresh(p)[0] for p in pieces] if rank == root else None, src=root)
+        want = torch.zeros(count)
+        dist.scatter(want, pieces if rank == root else None, src=root, group=gloo)
+        check(f"scatter src={root}", [target], [want])
+    # reduce_scatter (list) and reduce_scatter_tensor
+    pieces = [data(20 + k) for k in range(P)]
+    target = fresh(torch.zeros(count))
+    dist.reduce_scatter(target[0], [fresh(p)[0] for p in pieces])
+    want = torch.zeros(count)
+    dist.reduce_scatter(want, [p.clone() for p in pieces], group=gloo)
+    check("reduce_scatter", [target], [want])
+    target = fresh(torch.zeros(count))
+    dist.reduce_scatter_tensor(target[0], fresh(torch.cat(pieces))[0])
+    check("reduce_scatter_tensor", [target], [want])
+    # all_to_all_single (even split) and all_to_all (list)
+    x = data(40, count * P)
+    out = fresh(torch.zeros(count * P))
+    dist.all_to_all_single(out[0], fresh(x)[0])
+    want = torch.zeros(count * P)
+    dist.all_to_all_single(want, x.clone(), group=gloo)
+    check("all_to_all_single", [out], [want])
+    pieces = [data(50 + k) for k in range(P)]
+    outputs = [fresh(torch.zeros(count)) for _ in range(P)]
+    dist.all_to_all([view for view, _ in outputs], [fresh(p)[0] for p in pieces])
+    # gloo has no all_to_all (list); its closed form: piece k of rank j lands in slot j of rank k
+    wants = [make_input(j * 31 + 50 + rank, count, torch.float32) for j in range(P)]
+    check("all_to_all", outputs, wants)
+    # send/recv around a ring
+    if P > 1:
+        right, left = (rank + 1) % P, (rank - 1) % P
+        target = fresh(torch.zeros(count))
+        send = dist.isend(fresh(data(60))[0], right)
+        dist.recv(target[0], left)
+        send.wait()
+        check("send/recv", [target], [make_input(left * 31 + 60, count, torch.float32)])
+    return sweep.result()
+
+
+def barrier_synchronises(rank, world_size, folder, late_rank, delay_s):
+    """Each rank writes its marker file, then enters the barrier; rank `late_rank` first sleeps
+    `delay_s`. After the barrier every marker must exist, and every rank must have waited for the
+    late one (no rank leaves the barrier before the last one entered)."""
+    entered = time.monotonic()
+    if rank == late_rank:
+        time.sleep(delay_s)
+    with open(os.path.join(folder, f"marker-{rank}"), "w") as marker:
+        marker.write("here")
+    dist.barrier()
+    left = time.monotonic()
+    missing = [r for r in range(world_size) if not os.path.exists(os.path.join(folder, f"marker-{r}"))]
+    return {"missing": missing, "waited_s": left - entered}
+
+
+def half_precision_sums(rank, world_size, count, algorithm):
+    """fp16/bf16 inputs whose sums are not exact in the dtype (random mantissas). The reference is
+    the sum of the same half-precision inputs in float32, rounded once to the dtype. 2 ranks: one
+    addition, so the result must equal the reference bit for bit (a kernel that accumulates or
+    rounds wrongly cannot). More ranks add in a tree or ring order, rounding after each of the
+    P-1 additions: each rounding is at most half an ulp of a partial sum, and every partial sum is
+    bounded by the sum of |inputs|, so |result - reference| <= (P-1)/2 ulp(sum |x|) + 1/2 ulp(ref)."""
+    from torch_ddp_lite import set_algorithms
+
+    set_algorithms(f"allreduce:{algorithm},reduce_scatter:{'ring' if algorithm == 'ring' else 'halving'}")
+    failures = []
+    checked = 0
+    for dtype in (torch.float16, torch.bfloat16):
+        everyone = [torch.randn(count, generator=torch.Generator().manual_seed(900 + r)).mul(3).to(dtype)
+                    for r in range(world_size)]
+        stacked = torch.stack([t.float() for t in everyone])
+        reference = stacked.sum(0).to(dtype)
+        magnitude = stacked.abs().sum(0).to(dtype).float()
+        eps = torch.finfo(dtype).eps
+
+        def ulp(value):
+            # spacing of the dtype at |value| (its smallest normal spacing near zero)
+            exponent = torch.floor(torch.log2(value.abs().clamp_min(torch.finfo(dtype).tiny)))
+            return torch.pow(2.0, exponent) * eps
+
+        bound = (world_size - 1) / 2 * ulp(magnitude) + ulp(reference.float()) / 2
+        results = {}
+        reduced = everyone[rank].clone()
+        dist.all_reduce(reduced)
+        results["all_reduce"] = (reduced, reference)
+        shard = torch.zeros(count // world_size, dtype=dtype)
+        cut = shard.numel() * world_size
+        dist.reduce_scatter_tensor(shard, everyone[rank][:cut].clone())
+        piece = slice(rank * shard.numel(), (rank + 1) * shard.numel())
+        results["reduce_scatter_tensor"] = (shard, reference[piece])
+        for name, (actual, expected) in results.items():
+            sl = slice(None) if name == "all_reduce" else piece
+            checked += 1
+            if actual.dtype != dtype:
+                failures.append(f"{name} {dtype}: dtype {actual.dtype}")
+            elif world_size <= 2:
+                if not torch.equal(actual, expected):
+                    wrong = (actual != expected).nonzero().flatten()[:4].tolist()
+                    failures.append(f"{name} {dtype} {algorithm}: not the once-rounded float32 sum at {wrong}: "
+                                    f"{actual[wrong].tolist()} vs {expected[wrong].tolist()}")
+            else:
+                error = (actual.float() - expected.float()).abs()
+                over = (error > bound[sl]).nonzero().flatten()[:4].tolist()
+                if over:
+                    failures.append(f"{name} {dtype} {algorithm}: beyond the rounding bound at {over}: "
+                                    f"{actual[over].tolist()} vs {expected[over].tolist()}")
+    return {"failures": failures, "checked": checked}
