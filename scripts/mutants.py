@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Mutation test of the quick suite: small, realistic bugs the tests must catch.
+
+Each mutant changes one line of the C++ sources. The script clones the current commit into a
+scratch folder (your checkout and its installed extension are not touched), builds the extension
+there once, then for every mutant: applies it, rebuilds incrementally, runs the fast subset with
+``-x`` (stop at the first failure) and restores the file. A mutant is *killed* when a test fails,
+*survived* when the whole subset passes. Every mutant must be killed.
+
+    python3 scripts/mutants.py                     # all mutants, table to stdout and --table
+    python3 scripts/mutants.py --only ring_send_segment min_wrong_operand
+    python3 scripts/mutants.py --list
+
+Takes about an hour on 2 cores (a build of the clone, then per mutant an incremental rebuild
+and tests up to the first failure). Not part of CI. Latest table: docs/testing.md.
+"""
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The fast subset: the sweeps against gloo and closed forms, mismatches, failures and timeouts,
+# groups and point-to-point, the property test. Ordered so that the broad sweeps run first.
+SUBSET = ["tests/test_collectives.py", "tests/test_mismatch.py", "tests/test_failures.py",
+          "tests/test_p2p_groups.py", "tests/test_property.py"]
+
+
+@dataclasses.dataclass
+class Mutant:
+    name: str
+    path: str      # under csrc/
+    before: str    # must occur exactly once in the file
+    after: str
+    what: str      # the bug it stands for
+
+
+MUTANTS = [
+    Mutant("ring_send_segment", "cpu/algorithms/allreduce_ring.cpp",
+           "const int sendIndex = (rank - step + size) % size;",
+           "const int sendIndex = (rank - step + 1 + size) % size;",
+           "ring reduce-scatter step sends segment (rank - s + 1) instead of (rank - s)"),
+    Mutant("segment_split_off_by_one", "cpu/algorithms/algorithm.hpp",
+           "return (count / parts) * i + std::min(i, count % parts);",
+           "return (count / parts) * i + std::min(i + 1, count % parts);",
+           "balanced split: the remainder goes one part too early (off by one)"),
+    Mutant("min_wrong_operand", "cpu/reduce_kernels.cpp",
+           "static T apply(T a, T b) { return std::min(a, b); }",
+           "static T apply(T a, T b) { return std::min(a, a); }",
+           "MIN kernel compares the wrong operand (keeps its own value)"),
+    Mutant("fold_drops_partner", "cpu/algorithms/algorithm_util.cpp",
+           "    transport.recv(rank - 1, incoming, bytes, args.deadline);\n    args.reduce(args.data, incoming, args.count);",
+           "    transport.recv(rank - 1, incoming, bytes, args.deadline);",
+           "non-power-of-two fold: the folded partner's contribution is received but not reduced"),
+    Mutant("tree_wrong_parent", "cpu/algorithms/algorithm_util.cpp",
+           "position.parent = realRank((virtualRank - 1) / 2);",
+           "position.parent = realRank(virtualRank / 2);",
+           "binary tree: parent v/2 instead of (v-1)/2"),
+    Mutant("alltoall_swapped_offsets", "cpu/algorithms/alltoall_pairwise.cpp",
+           "const Span& out = args.sendSpans[to];",
+           "const Span& out = args.sendSpans[from];",
+           "alltoall sends the span meant for the rank it receives from"),
+    Mutant("int8_as_uint8", "cpu/reduce_kernels.cpp",
+           "case c10::kChar: return selectIntegral<int8_t>(op);",
+           "case c10::kChar: return selectIntegral<uint8_t>(op);",
+           "a dtype case dispatched to the wrong type (int8 reduced as uint8)"),
+    Mutant("deadline_wrong_unit", "backend/backend.cpp",
+           "body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout,",
+           "body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout * 1000,",
+           "collective deadline computed in the wrong unit (the timeout read as seconds, not ms)"),
+    Mutant("butterfly_skips_last_step", "cpu/algorithms/allreduce_butterfly.cpp",
+           "for (int distance = 1; distance < fold.p2; distance *= 2) {",
+           "for (int distance = 1; distance < fold.p2 / 2; distance *= 2) {",
+           "recursive doubling stops one exchange early"),
+    Mutant("barrier_skips_last_round", "cpu/algorithms/barrier_dissemination.cpp",
+           "for (int distance = 1; distance < size; distance *= 2) {",
+           "for (int distance = 1; distance < size / 2; distance *= 2) {",
+           "dissemination barrier stops one round early (ranks leave before the last arrives)"),
+    Mutant("avg_floors", "cpu/collectives.cpp",
+           'tensor.div_(worldSize, "trunc");',
+           'tensor.div_(worldSize, "floor");',
+           "integer AVG rounds toward minus infinity instead of toward zero"),
+    Mutant("peer_closed_misreported", "cpu/transport/tcp.cpp",
+           "if (error == 0 || error == ECONNRESET || error == EPIPE) {",
+           "if (error == ECONNRESET || error == EPIPE) {",
+           "end of stream from a dead peer reported as a generic I/O error"),
+    Mutant("fingerprint_ignores_seq", "cpu/transport/fingerprint.cpp",
+           "header.check == checksumOf(header) && header.seq == mine.seq &&",
+           "header.check == checksumOf(header) &&",
+           "the wire fingerprint does not compare sequence numbers"),
+    Mutant("allgather_ring_wrong_block", "cpu/algorithms/allgather_ring.cpp",
+           "const int recvBlock = (rank - step - 1 + size) % size;",
+           "const int recvBlock = (rank - step + size) % size;",
+           "ring allgather stores the received block in the slot of the one it sent"),
+    Mutant("reduce_scatter_ring_wrong_block", "cpu/algorithms/reduce_scatter_ring.cpp",
+           "args.reduce(block(rank - step - 2), incoming, args.count);",
+           "args.reduce(block(rank - step - 1), incoming, args.count);",
+           "ring reduce-scatter reduces into the block it just sent"),
+    Mutant("broadcast_ring_last_chunk", "cpu/algorithms/broadcast_ring.cpp",
+           "for (size_t k = 0; k + 1 < chunks; ++k) {",
+           "for (size_t k = 0; k + 2 < chunks; ++k) {",
+           "pipelined ring broadcast forwards one chunk too few"),
+    Mutant("halving_keeps_wrong_half", "cpu/algorithms/algorithm_util.cpp",
+           "const int keepLow = lower ? low : middle;",
+           "const int keepLow = lower ? middle : low;",
+           "recursive halving keeps the half it gave away"),
+    Mutant("scatter_root_span", "cpu/algorithms/exchange_direct.cpp",
+           "const Span& into = args.recvSpans[args.root];",
+           "const Span& into = args.recvSpans[rank];",
+           "scatter: a non-root rank receives into the wrong span"),
+]
+
+
+def run(command, cwd, env=None, timeout=None, log=None):
+    """(exit code or None on timeout, output, seconds). On timeout the whole process group is
+    killed: the test ranks and the forkserver too."""
+    started = time.monotonic()
+    process = subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        code = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        code = None
+    if log:
+        with open(log, "a") as handle:
+            handle.write(f"$ {' '.join(command)}\n{output}\n")
+    return code, output, time.monotonic() - started
+
+
+def clone(workdir):
+    if os.path.exists(workdir):
+        shutil.rmtree(workdir)
+    subprocess.run(["git", "clone", "--quiet", "--local", REPO, workdir], check=True)
+    head = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True).strip()
+    subprocess.run(["git", "checkout", "--quiet", head], cwd=workdir, check=True)
+    return head
+
+
+def environment(workdir):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = workdir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("MAX_JOBS", "2")
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # the build must not import the extension it replaces
+    return env
+
+
+def build(workdir, log):
+    code, output, seconds = run([sys.executable, "setup.py", "build_ext", "--inplace"], workdir,
+                                environment(workdir), timeout=3600, log=log)
+    return code == 0, seconds
+
+
+def run_subset(workdir, log, timeout_s):
+    env = environment(workdir)
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD")
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-rf", *SUBSET]
+    code, output, seconds = run(command, workdir, env, timeout=timeout_s, log=log)
+    if code is None:
+        return "killed", f"(timed out after {timeout_s} s)", seconds
+    failed = re.findall(r"^FAILED (\S+)", output, re.MULTILINE)
+    if code == 0:
+        return "survived", "", seconds
+    if code == 1 and failed:
+        return "killed", failed[0].split(" ")[0], seconds
+    return "error", f"pytest exit {code}", seconds
+
+
+def check_imports_clone(workdir):
+    code, output, _ = run([sys.executable, "-c", "import torch_ddp_lite; print(torch_ddp_lite.__file__)"],
+                          "/", environment(workdir) | {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"})
+    if code != 0 or not output.strip().splitlines()[-1].startswith(workdir):
+        sys.exit(f"the clone's package is not the one imported: {output}")
+
+
+def stale(root, mutant):
+    """Why `mutant` cannot be applied to the sources under `root`, or ""."""
+    with open(os.path.join(root, "csrc", mutant.path)) as handle:
+        occurrences = handle.read().count(mutant.before)
+    if occurrences != 1:
+        return (f"mutant {mutant.name}: its line occurs {occurrences} times in csrc/{mutant.path} "
+                "(the sources changed; update the mutant)")
+    return ""
+
+
+def apply(workdir, mutant):
+    path = os.path.join(workdir, "csrc", mutant.path)
+    if stale(workdir, mutant):
+        sys.exit(stale(workdir, mutant))
+    with open(path) as handle:
+        text = handle.read()
+    with open(path, "w") as handle:
+        handle.write(text.replace(mutant.before, mutant.after))
+    return text
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run these mutants only")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--check", action="store_true",
+                        help="only check that every mutant still applies to this checkout's sources")
+    parser.add_argument("--workdir", default="/tmp/ddplite-mutants", help="scratch clone (replaced)")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds of tests per mutant")
+    parser.add_argument("--skip-baseline", action="store_true", help="do not run the subset on the unmutated build")
+    parser.add_argument("--table", default=os.path.join(REPO, "docs", "data", "mutants.md"),
+                        help="where to write the markdown table")
+    args = parser.parse_args()
+    if args.list:
+        for mutant in MUTANTS:
+            print(f"{mutant.name:34} csrc/{mutant.path}: {mutant.what}")
+        return 0
+    if args.check:
+        problems = [stale(REPO, m) for m in MUTANTS if stale(REPO, m)]
+        print("\n".join(problems) or f"all {len(MUTANTS)} mutants apply")
+        return 1 if problems else 0
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    unknown = set(args.only or []) - {m.name for m in MUTANTS}
+    if unknown:
+        parser.error(f"unknown mutant(s) {sorted(unknown)}; see --list")
+    head = clone(args.workdir)
+    log = os.path.join(args.workdir, "mutants.log")
+    print(f"commit {head}, clone {args.workdir}, log {log}", flush=True)
+    ok, seconds = build(args.workdir, log)
+    if not ok:
+        sys.exit(f"the unmutated clone does not build; see {log}")
+    check_imports_clone(args.workdir)
+    print(f"baseline build {seconds:.0f} s", flush=True)
+    if not args.skip_baseline:
+        outcome, test, seconds = run_subset(args.workdir, log, args.timeout)
+        print(f"baseline tests: {outcome} {test} ({seconds:.0f} s)", flush=True)
+        if outcome != "survived":
+            sys.exit("the fast subset fails without any mutant; fix that first")
+    rows = []
+    for mutant in chosen:
+        original = apply(args.workdir, mutant)
+        try:
+            built, build_s = build(args.workdir, log)
+            if built:
+                outcome, test, test_s = run_subset(args.workdir, log, args.timeout)
+            else:
+                outcome, test, test_s = "build failed", "", 0.0
+        finally:
+            with open(os.path.join(args.workdir, "csrc", mutant.path), "w") as handle:
+                handle.write(original)
+        rows.append((mutant, outcome, test, build_s, test_s))
+        print(f"{mutant.name:34} {outcome:9} {test} (build {build_s:.0f} s, tests {test_s:.0f} s)", flush=True)
+    build(args.workdir, log)  # leave the clone unmutated
+    lines = [f"Mutants of commit `{head}`, fast subset `{' '.join(SUBSET)}` with `-m 'not slow' -x` "
+             f"(command: `python3 scripts/mutants.py`).", "",
+             "| mutant | bug it stands for | outcome | first failing test | tests (s) |",
+             "|---|---|---|---|---|"]
+    for mutant, outcome, test, _, test_s in rows:
+        lines.append(f"| `{mutant.name}` | {mutant.what} (csrc/{mutant.path}) | {outcome} | `{test}` | {test_s:.0f} |")
+    killed = sum(1 for row in rows if row[1] == "killed")
+    lines += ["", f"{killed} of {len(rows)} killed."]
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if args.table and not args.only:
+        os.makedirs(os.path.dirname(args.table), exist_ok=True)
+        with open(args.table, "w") as handle:
+            handle.write(table)
+    return 0 if killed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
