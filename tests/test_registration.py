@@ -99,3 +99,43 @@ def test_env_knobs_have_prefix_and_help():
 def test_ifname_matches_nccl_syntax(spec, ifname, expected):
     assert torch_ddp_lite._load_extension().ifname_matches(spec, ifname) is expected
 
+
+
+def _init_only(rank, world_size):
+    return "initialised"
+
+
+BAD_KNOB_VALUES = [
+    ("DDPLITE_DEBUG", "VERBOSE", "use one of: WARN (the default), INFO, TRACE"),
+    ("DDPLITE_RING_SEGMENT_BYTES", "12", "use a whole number of bytes >= 64 (the default is 262144)"),
+    ("DDPLITE_RING_SEGMENT_BYTES", "64k", "use a whole number of bytes >= 64 (the default is 262144)"),
+    ("DDPLITE_TREE_CHUNK_BYTES", "-1", "use a whole number of bytes >= 64 (the default is 262144)"),
+    ("DDPLITE_SOCKET_BUFFER_BYTES", "lots", "use a whole number of bytes >= 0 (the default is 0)"),
+    ("DDPLITE_CPU_TRANSPORT", "infiniband", "use one of: tcp (the default), mpi"),
+    ("DDPLITE_FINGERPRINT", "yes", "use one of: 1 (the default), 0"),
+    ("DDPLITE_CUDA_STAGING", "sometimes", "use one of: auto (the default), always, never"),
+]
+
+
+@pytest.mark.parametrize("knob, value, allowed", BAD_KNOB_VALUES)
+def test_every_knob_rejects_a_bad_value_the_same_way(knob, value, allowed):
+    """A typo in any DDPLITE_* knob fails init_process_group on every rank with a ValueError that
+    names the knob, the value and the allowed values (none falls back silently)."""
+    from harness import RankFailed, run_ranks
+
+    with pytest.raises(RankFailed) as failure:
+        run_ranks(_init_only, 2, env={knob: value})
+    for rank in (0, 1):
+        assert f"ValueError: ddplite rank {rank}/2, init #0: {knob}='{value}' is not a valid value; {allowed}" \
+            in str(failure.value)
+
+
+def test_knob_defaults_are_the_documented_ones():
+    """env_knobs() reports the defaults the readers use (written once in env.cpp): a run with
+    every knob explicitly set to its reported default initialises fine."""
+    knobs = {name: default for name, default, _ in torch_ddp_lite._load_extension().env_knobs()}
+    assert knobs["DDPLITE_RING_SEGMENT_BYTES"] == "262144" and knobs["DDPLITE_DEBUG"] == "WARN"
+    from harness import run_ranks
+
+    explicit = {name: default for name, default in knobs.items() if default}
+    assert run_ranks(_init_only, 2, env=explicit) == ["initialised"] * 2

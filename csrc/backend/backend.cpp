@@ -46,28 +46,25 @@ void applyAlgorithmPins(int rank, int size) {
   }
 }
 
-// DDPLITE_CPU_TRANSPORT, checked like DDPLITE_ALGO: a typo fails init_process_group.
-bool wantsMpiTransport(int rank, int size) {
-  const std::string transport = env::cpuTransport();
-  if (transport == "tcp") return false;
-  if (transport == "mpi") {
-    if (!mpi::compiledIn()) {
-      throwValueError(OpContext{rank, size, "init", 0}, "DDPLITE_CPU_TRANSPORT=mpi, but this ddplite was built without MPI",
-                      mpi::kRebuildHint);
-    }
-    return true;
+// Every DDPLITE_* knob with a fixed set of values (env::validateAll): a typo fails
+// init_process_group with a ValueError naming the knob and the allowed values.
+void validateKnobs(int rank, int size) {
+  try {
+    env::validateAll();
+  } catch (const std::invalid_argument& error) {
+    throwValueError(OpContext{rank, size, "init", 0}, error.what(),
+                    "set it to an allowed value (the same on every rank), or unset it for the default; "
+                    "torch_ddp_lite.env_knobs() lists every knob with its default");
   }
-  throwValueError(OpContext{rank, size, "init", 0}, strCat("DDPLITE_CPU_TRANSPORT='", transport, "' is not a transport"),
-                  "use 'tcp' (the default: ddplite's own transport) or 'mpi' (MPI's collectives, under mpirun)");
 }
 
-// DDPLITE_FINGERPRINT, checked like DDPLITE_ALGO: a typo fails init_process_group.
-bool fingerprintChecks(int rank, int size) {
-  try {
-    return env::fingerprintChecks();
-  } catch (const std::invalid_argument& error) {
-    throwValueError(OpContext{rank, size, "init", 0}, error.what(), "set the same value on every rank, or unset it");
+bool wantsMpiTransport(int rank, int size) {
+  if (env::cpuTransport() != "mpi") return false;
+  if (!mpi::compiledIn()) {
+    throwValueError(OpContext{rank, size, "init", 0}, "DDPLITE_CPU_TRANSPORT=mpi, but this ddplite was built without MPI",
+                    mpi::kRebuildHint);
   }
+  return true;
 }
 
 // A send/recv failure reported by the P2P engine, as the DistBackendError wait() raises.
@@ -99,10 +96,11 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   if (timeout.count() <= 0) {
     timeoutMs_ = std::chrono::duration_cast<std::chrono::milliseconds>(kBackendDefaultTimeout).count();
   }
+  validateKnobs(rank, size);
   applyAlgorithmPins(rank, size);
   connectMpi(wantsMpiTransport(rank, size));
   const Deadline connectBy = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
-  transport_ = TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "", fingerprintChecks(rank, size));
+  transport_ = TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "", env::fingerprintChecks());
   p2p_ = std::make_unique<cpu::P2pEngine>(TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "p2p/",
                                                                              /*checkFingerprints=*/false));
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,

@@ -1,7 +1,13 @@
 #include "common/env.hpp"
 
+#include "common/errors.hpp"
+
+#include <strings.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -19,20 +25,56 @@ constexpr const char* kCpuTransport = "DDPLITE_CPU_TRANSPORT";
 constexpr const char* kCudaStaging = "DDPLITE_CUDA_STAGING";
 constexpr const char* kFingerprint = "DDPLITE_FINGERPRINT";
 
+// Defaults and allowed values, written once: the readers and the knob table both use these.
+// For a choice knob the first entry is the default.
+constexpr int64_t kDefaultChunkBytes = 256 << 10;
+constexpr int64_t kMinimumChunkBytes = 64;
+constexpr int64_t kDefaultSocketBufferBytes = 0;
+const std::initializer_list<const char*> kLogLevels = {"WARN", "INFO", "TRACE"};
+const std::initializer_list<const char*> kTransports = {"tcp", "mpi"};
+const std::initializer_list<const char*> kStagings = {"auto", "always", "never"};
+const std::initializer_list<const char*> kSwitch = {"1", "0"};
+
 const char* rawValue(const char* name) {
   const char* value = std::getenv(name);
   return (value != nullptr && value[0] != '\0') ? value : nullptr;
 }
 
+[[noreturn]] void invalid(const char* name, const char* value, const std::string& allowed) {
+  throw std::invalid_argument(strCat(name, "='", value, "' is not a valid value; ", allowed));
+}
+
+std::string choicesText(std::initializer_list<const char*> choices) {
+  std::string text = "use one of: ";
+  for (const char* choice : choices) {
+    text += choice;
+    text += choice == *choices.begin() ? " (the default)" : "";
+    text += choice == *(choices.end() - 1) ? "" : ", ";
+  }
+  return text;
+}
+
+// Index of the value in `choices` (case-insensitive), 0 (the default) when unset.
+int readChoice(const char* name, std::initializer_list<const char*> choices) {
+  const char* value = rawValue(name);
+  if (value == nullptr) return 0;
+  int index = 0;
+  for (const char* choice : choices) {
+    if (strcasecmp(value, choice) == 0) return index;
+    ++index;
+  }
+  invalid(name, value, choicesText(choices));
+}
+
+// A whole decimal number of bytes >= minimum; `fallback` when unset.
 int64_t readBytes(const char* name, int64_t fallback, int64_t minimum) {
   const char* value = rawValue(name);
-  if (value == nullptr) {
-    return fallback;
-  }
+  if (value == nullptr) return fallback;
   char* end = nullptr;
-  long long parsed = std::strtoll(value, &end, 10);
-  if (end == value || parsed < minimum) {
-    return fallback;
+  errno = 0;
+  const long long parsed = std::strtoll(value, &end, 10);
+  if (end == value || *end != '\0' || errno == ERANGE || parsed < minimum) {
+    invalid(name, value, strCat("use a whole number of bytes >= ", minimum, " (the default is ", fallback, ")"));
   }
   return parsed;
 }
@@ -45,27 +87,40 @@ const std::vector<Knob>& allKnobs() {
        "Interfaces for rank-to-rank sockets, NCCL syntax: 'eth' (prefix), '=eth0' (exact), "
        "'^docker,lo' (exclude). Falls back to NCCL_SOCKET_IFNAME, then GLOO_SOCKET_IFNAME; "
        "unset: the interface that reaches MASTER_ADDR"},
-      {kDebug, "WARN", "Log level on stderr: WARN, INFO or TRACE"},
-      {kRingSegmentBytes, "262144", "Largest piece one ring step sends at once (bytes)"},
-      {kTreeChunkBytes, "262144", "Pipelining chunk of tree broadcast and reduce (bytes)"},
-      {kSocketBufferBytes, "0", "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel default"},
+      {kDebug, *kLogLevels.begin(), "Log level on stderr: WARN, INFO or TRACE"},
+      {kRingSegmentBytes, std::to_string(kDefaultChunkBytes),
+       strCat("Largest piece one ring step sends at once (bytes, >= ", kMinimumChunkBytes, ")")},
+      {kTreeChunkBytes, std::to_string(kDefaultChunkBytes),
+       strCat("Pipelining chunk of tree broadcast and reduce (bytes, >= ", kMinimumChunkBytes, ")")},
+      {kSocketBufferBytes, std::to_string(kDefaultSocketBufferBytes),
+       "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel default"},
       {kAlgo, "",
        "Pin CPU algorithms, e.g. 'allreduce:ring,broadcast:tree' (collective:algorithm, comma-separated; "
        "'auto' for the size-based choice). Must be the same on every rank"},
-      {kCpuTransport, "tcp",
+      {kCpuTransport, *kTransports.begin(),
        "What carries CPU collectives: 'tcp' (ddplite's own transport and algorithms) or 'mpi' (MPI's own "
        "collectives on the group's communicator; needs a build with MPI and a job launched by mpirun). "
        "Must be the same on every rank"},
-      {kFingerprint, "1",
+      {kFingerprint, *kSwitch.begin(),
        "1: the first message of every CPU collective to each peer carries a 48-byte fingerprint (sequence "
        "number, op, sizes, dtype, reduce op, root, algorithm), so a rank in another collective is reported at "
        "once instead of its bytes being used. 0 turns the check off: only for measuring its cost, since "
        "mismatched collectives can then return wrong values. Read when a group is created"},
-      {kCudaStaging, "auto",
+      {kCudaStaging, *kStagings.begin(),
        "CUDA tensors: 'auto' uses NCCL except on a GPU shared by two ranks (then host memory + CPU transport, "
        "with a warning); 'always' stages every CUDA op; 'never' raises instead of staging. Same on every rank"},
   };
   return knobs;
+}
+
+void validateAll() {
+  readChoice(kDebug, kLogLevels);
+  readBytes(kRingSegmentBytes, kDefaultChunkBytes, kMinimumChunkBytes);
+  readBytes(kTreeChunkBytes, kDefaultChunkBytes, kMinimumChunkBytes);
+  readBytes(kSocketBufferBytes, kDefaultSocketBufferBytes, 0);
+  readChoice(kCpuTransport, kTransports);
+  readChoice(kFingerprint, kSwitch);
+  readChoice(kCudaStaging, kStagings);
 }
 
 std::string socketIfname(std::string* source) {
@@ -82,27 +137,27 @@ std::string socketIfname(std::string* source) {
 
 int logLevel() {
   static const int level = [] {
-    const char* value = rawValue(kDebug);
-    if (value == nullptr) return 0;
-    if (strcasecmp(value, "INFO") == 0) return 1;
-    if (strcasecmp(value, "TRACE") == 0) return 2;
-    return 0;
+    try {
+      return readChoice(kDebug, kLogLevels);
+    } catch (const std::invalid_argument&) {
+      return 0;
+    }
   }();
   return level;
 }
 
 int64_t ringSegmentBytes() {
-  static const int64_t bytes = readBytes(kRingSegmentBytes, 256 << 10, 64);
+  static const int64_t bytes = readBytes(kRingSegmentBytes, kDefaultChunkBytes, kMinimumChunkBytes);
   return bytes;
 }
 
 int64_t treeChunkBytes() {
-  static const int64_t bytes = readBytes(kTreeChunkBytes, 256 << 10, 64);
+  static const int64_t bytes = readBytes(kTreeChunkBytes, kDefaultChunkBytes, kMinimumChunkBytes);
   return bytes;
 }
 
 int64_t socketBufferBytes() {
-  static const int64_t bytes = readBytes(kSocketBufferBytes, 0, 0);
+  static const int64_t bytes = readBytes(kSocketBufferBytes, kDefaultSocketBufferBytes, 0);
   return bytes;
 }
 
@@ -112,23 +167,19 @@ std::string algorithmSpec() {
 }
 
 std::string cpuTransport() {
-  const char* value = rawValue(kCpuTransport);
-  return value == nullptr ? "tcp" : value;
+  return *(kTransports.begin() + readChoice(kCpuTransport, kTransports));
 }
 
 bool fingerprintChecks() {
-  const char* value = rawValue(kFingerprint);
-  if (value == nullptr || std::strcmp(value, "1") == 0) return true;
-  if (std::strcmp(value, "0") == 0) return false;
-  throw std::invalid_argument(std::string(kFingerprint) + "='" + value + "' is not a valid value; use 1 (the default) or 0");
+  return readChoice(kFingerprint, kSwitch) == 0;
 }
 
 CudaStaging cudaStaging() {
-  const char* value = rawValue(kCudaStaging);
-  if (value == nullptr) return CudaStaging::kAuto;
-  if (strcasecmp(value, "always") == 0) return CudaStaging::kAlways;
-  if (strcasecmp(value, "never") == 0) return CudaStaging::kNever;
-  return CudaStaging::kAuto;
+  switch (readChoice(kCudaStaging, kStagings)) {
+    case 1: return CudaStaging::kAlways;
+    case 2: return CudaStaging::kNever;
+    default: return CudaStaging::kAuto;
+  }
 }
 
 }  // namespace ddplite::env

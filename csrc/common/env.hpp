@@ -1,5 +1,8 @@
 // Every environment knob ddplite reads is declared once, in env.cpp, with the DDPLITE_ prefix
-// (NCCL's habit). Values are read on first use and cached for the life of the process.
+// (NCCL's habit), its default written once next to it. Every knob validates the same way: a value
+// outside the allowed set throws std::invalid_argument naming the knob, the value and the allowed
+// values (validateAll() at group creation turns that into a ValueError from init_process_group).
+// Values are read on first use and cached for the life of the process, except where noted.
 #pragma once
 
 #include <cstdint>
@@ -10,18 +13,25 @@ namespace ddplite::env {
 
 struct Knob {
   const char* name;         // full variable name, e.g. "DDPLITE_SOCKET_IFNAME"
-  const char* defaultValue; // as text; "" means unset
-  const char* help;         // one line, shown by torch_ddp_lite.env_knobs()
+  std::string defaultValue; // as text; "" means unset
+  std::string help;         // one line, shown by torch_ddp_lite.env_knobs()
 };
 
 // The table of every knob, for docs and collect_env.
 const std::vector<Knob>& allKnobs();
 
+// Reads every knob that has a fixed set of values (all but SOCKET_IFNAME, checked against the
+// machine's interfaces when sockets open, and ALGO, parsed by the selector) and throws
+// std::invalid_argument for the first bad one. Called when a group is created, so a typo fails
+// init_process_group on every rank instead of being ignored.
+void validateAll();
+
 // DDPLITE_SOCKET_IFNAME (NCCL syntax), falling back to NCCL_SOCKET_IFNAME then GLOO_SOCKET_IFNAME.
 // Returns "" when none is set. `source` receives the variable that was used.
 std::string socketIfname(std::string* source = nullptr);
 
-// DDPLITE_DEBUG: WARN (default), INFO or TRACE.
+// DDPLITE_DEBUG: WARN (default, 0), INFO (1) or TRACE (2), any case. Never throws (logging calls
+// it from anywhere): a bad value logs at WARN until validateAll() reports it.
 int logLevel();
 
 // DDPLITE_RING_SEGMENT_BYTES: largest piece a ring step moves at once.
@@ -37,7 +47,7 @@ int64_t socketBufferBytes();
 // cpu/algorithms/selector.cpp.
 std::string algorithmSpec();
 
-// DDPLITE_CPU_TRANSPORT: "tcp" (default) or "mpi", as set (checked by the backend).
+// DDPLITE_CPU_TRANSPORT: "tcp" (default) or "mpi", lower-cased.
 std::string cpuTransport();
 
 // DDPLITE_FINGERPRINT: whether collectives carry and check the wire fingerprint
