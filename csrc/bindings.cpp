@@ -173,6 +173,8 @@ PYBIND11_MODULE(_C, m) {
       },
       "(collective, pinned algorithm or 'auto') for every collective.");
   m.def("available_algorithms", &ddplite::cpu::availableAlgorithms, "(collective, [algorithm names]).");
+  m.def("automatic_algorithm", &ddplite::cpu::automaticChoiceByName, py::arg("collective"), py::arg("bytes"),
+        py::arg("world_size"), "The algorithm the automatic rule picks (pins ignored); docs/algorithms.md.");
 
   m.def(
       "listen_address",

@@ -139,3 +139,33 @@ def test_knob_defaults_are_the_documented_ones():
 
     explicit = {name: default for name, default in knobs.items() if default}
     assert run_ranks(_init_only, 2, env=explicit) == ["initialised"] * 2
+
+
+# The rule as docs/algorithms.md ("The automatic rule") states it, at both sides of each threshold.
+DOCUMENTED_RULE = [
+    ("allreduce", 128 << 10, 2, "butterfly"), ("allreduce", (128 << 10) + 4, 2, "ring"),
+    ("allreduce", 16 << 10, 3, "butterfly"), ("allreduce", (16 << 10) + 4, 3, "ring"),
+    ("allreduce", 16 << 10, 5, "butterfly"), ("allreduce", 64 << 10, 4, "ring"),
+    ("broadcast", 256 << 10, 4, "tree"), ("broadcast", (256 << 10) + 1, 4, "ring"),
+    ("reduce", 1 << 30, 3, "tree"),
+    ("allgather", 64 << 10, 3, "doubling"), ("allgather", (64 << 10) + 4, 3, "ring"),
+    ("reduce_scatter", 64 << 10, 3, "halving"), ("reduce_scatter", (64 << 10) + 4, 2, "ring"),
+    ("barrier", 0, 5, "dissemination"),
+]
+
+
+@pytest.mark.parametrize("collective, nbytes, world_size, expected", DOCUMENTED_RULE)
+def test_automatic_rule_is_the_documented_one(collective, nbytes, world_size, expected):
+    assert torch_ddp_lite._load_extension().automatic_algorithm(collective, nbytes, world_size) == expected
+
+
+def test_automatic_rule_names_every_collective_in_the_docs():
+    """Every collective the selector knows has a row in the docs' rule table, and no other."""
+    docs = open(os.path.join(os.path.dirname(__file__), "..", "docs", "algorithms.md")).read()
+    rule = docs.split("## The automatic rule")[1].split("##")[0]
+    documented = {line.split("|")[1].strip() for line in rule.splitlines()
+                  if line.startswith("| ") and not line.startswith("| collective")}
+    known = {name for name, _ in torch_ddp_lite._load_extension().available_algorithms()}
+    assert documented == known
+    with pytest.raises(ValueError, match="unknown collective 'allgatherv'"):
+        torch_ddp_lite._load_extension().automatic_algorithm("allgatherv", 8, 2)

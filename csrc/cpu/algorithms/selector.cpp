@@ -3,7 +3,7 @@
 #include "common/env.hpp"
 #include "common/errors.hpp"
 
-#include <array>
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <sstream>
@@ -18,42 +18,45 @@ struct Entry {
   Algorithm run;
 };
 
+// The single source of truth: each collective with its name, its algorithms (the index of one
+// is what a pin stores and what the wire fingerprint carries) and its pin. Nothing else lists
+// the collectives, so adding one means adding an enum value and a row here.
 struct CollectiveTable {
   Collective collective;
   const char* name;
   std::vector<Entry> algorithms;
+  // Pinned algorithm index; -1 = automatic. Read on every collective without a lock (relaxed:
+  // a pin is a whole value, and pins only change between ops by contract); pinsMutex only
+  // serialises writers, so one setAlgorithmPins call is applied as a whole.
+  std::atomic<int> pinned{-1};
 };
 
-const std::vector<CollectiveTable>& tables() {
-  static const std::vector<CollectiveTable> all = {
-      {Collective::kAllreduce,
-       "allreduce",
-       {{"naive", &allreduceNaive},
-        {"ring", &allreduceRing},
-        {"butterfly", &allreduceButterfly},
-        {"halving_doubling", &allreduceHalvingDoubling}}},
-      {Collective::kBroadcast,
-       "broadcast",
-       {{"naive", &broadcastNaive}, {"tree", &broadcastBinaryTree}, {"ring", &broadcastRing}}},
-      {Collective::kReduce, "reduce", {{"naive", &reduceNaive}, {"tree", &reduceBinaryTree}}},
-      {Collective::kAllgather, "allgather", {{"ring", &allgatherRing}, {"doubling", &allgatherDoubling}}},
-      {Collective::kReduceScatter,
-       "reduce_scatter",
-       {{"ring", &reduceScatterRing}, {"halving", &reduceScatterHalving}}},
-      {Collective::kBarrier, "barrier", {{"dissemination", &barrierDissemination}}},
-  };
-  return all;
-}
+CollectiveTable collectiveTables[] = {
+    {Collective::kAllreduce,
+     "allreduce",
+     {{"naive", &allreduceNaive},
+      {"ring", &allreduceRing},
+      {"butterfly", &allreduceButterfly},
+      {"halving_doubling", &allreduceHalvingDoubling}}},
+    {Collective::kBroadcast,
+     "broadcast",
+     {{"naive", &broadcastNaive}, {"tree", &broadcastBinaryTree}, {"ring", &broadcastRing}}},
+    {Collective::kReduce, "reduce", {{"naive", &reduceNaive}, {"tree", &reduceBinaryTree}}},
+    {Collective::kAllgather, "allgather", {{"ring", &allgatherRing}, {"doubling", &allgatherDoubling}}},
+    {Collective::kReduceScatter,
+     "reduce_scatter",
+     {{"ring", &reduceScatterRing}, {"halving", &reduceScatterHalving}}},
+    {Collective::kBarrier, "barrier", {{"dissemination", &barrierDissemination}}},
+};
 
-const CollectiveTable& tableOf(Collective collective) {
-  return tables()[static_cast<size_t>(collective)];
-}
-
-// Pinned algorithm index per collective; -1 = automatic. Read on every collective without a
-// lock; pinsMutex only serialises writers, so one setAlgorithmPins call is applied as a whole.
-constexpr size_t kCollectives = 6;
 std::mutex pinsMutex;
-std::array<std::atomic<int>, kCollectives> pins = {-1, -1, -1, -1, -1, -1};
+
+CollectiveTable& tableOf(Collective collective) {
+  for (CollectiveTable& table : collectiveTables) {
+    if (table.collective == collective) return table;
+  }
+  DDPLITE_ENFORCE(false, "collective ", static_cast<int>(collective), " has no row in selector.cpp");
+}
 
 const Entry& byName(const CollectiveTable& table, const char* name) {
   for (const Entry& entry : table.algorithms) {
@@ -62,14 +65,19 @@ const Entry& byName(const CollectiveTable& table, const char* name) {
   DDPLITE_ENFORCE(false, "no algorithm ", name, " for ", table.name);
 }
 
+}  // namespace
+
 // The automatic rule. Thresholds come from the sweeps in docs/algorithms.md (2-core machine,
-// 2-5 ranks over loopback TCP): latency-bound sizes take the algorithms with the fewest
-// message rounds, bandwidth-bound sizes the ones that move the fewest bytes per rank.
-const char* automaticChoice(Collective collective, size_t bytes, int /*worldSize*/) {
+// 2-3 ranks over loopback TCP): latency-bound sizes take the algorithms with the fewest message
+// rounds, bandwidth-bound sizes the ones that move the fewest bytes per rank. The world size
+// moves the allreduce crossover: at 2 ranks butterfly is one exchange of S bytes against the
+// ring's two of S/2 and wins up to 128 KiB; from 3 ranks the fold adds two rounds and it loses
+// to the ring above 16 KiB.
+const char* automaticChoice(Collective collective, size_t bytes, int worldSize) {
   constexpr size_t kSmall = 64 * 1024;
   switch (collective) {
     case Collective::kAllreduce:
-      return bytes <= kSmall ? "butterfly" : "ring";
+      return bytes <= (worldSize <= 2 ? 128 * 1024 : 16 * 1024) ? "butterfly" : "ring";
     case Collective::kBroadcast:
       return bytes <= 256 * 1024 ? "tree" : "ring";
     case Collective::kReduce:
@@ -84,6 +92,8 @@ const char* automaticChoice(Collective collective, size_t bytes, int /*worldSize
   return "";
 }
 
+namespace {
+
 std::string trim(const std::string& text) {
   const size_t first = text.find_first_not_of(" \t");
   if (first == std::string::npos) return "";
@@ -92,8 +102,8 @@ std::string trim(const std::string& text) {
 
 std::string choicesText() {
   std::ostringstream out;
-  for (const auto& table : tables()) {
-    out << (&table == &tables().front() ? "" : "; ") << table.name << ":";
+  for (const auto& table : collectiveTables) {
+    out << (&table == &collectiveTables[0] ? "" : "; ") << table.name << ":";
     for (const Entry& entry : table.algorithms) out << (&entry == &table.algorithms.front() ? "" : "|") << entry.name;
   }
   return out.str();
@@ -110,17 +120,24 @@ std::string choicesText() {
 
 Selection selectAlgorithm(Collective collective, size_t bytes, int worldSize) {
   const CollectiveTable& table = tableOf(collective);
-  const int pinned = pins[static_cast<size_t>(collective)].load(std::memory_order_relaxed);
+  const int pinned = table.pinned.load(std::memory_order_relaxed);
   const Entry& entry = pinned >= 0 ? table.algorithms[pinned] : byName(table, automaticChoice(collective, bytes, worldSize));
   return {entry.run, entry.name, static_cast<uint8_t>(&entry - table.algorithms.data())};
 }
 
+std::string automaticChoiceByName(const std::string& collective, size_t bytes, int worldSize) {
+  for (const auto& table : collectiveTables) {
+    if (collective == table.name) return automaticChoice(table.collective, bytes, worldSize);
+  }
+  throw std::invalid_argument(strCat("unknown collective '", collective, "'; valid: ", choicesText()));
+}
+
 void setAlgorithmPins(const std::string& spec) {
   std::lock_guard<std::mutex> lock(pinsMutex);
-  std::array<int, kCollectives> updated;
-  for (size_t i = 0; i < kCollectives; ++i) updated[i] = pins[i].load();
+  std::vector<int> updated;
+  for (const auto& table : collectiveTables) updated.push_back(table.pinned.load());
   if (trim(spec).empty() || trim(spec) == "auto") {
-    updated.fill(-1);
+    std::fill(updated.begin(), updated.end(), -1);
   }
   std::stringstream tokens(trim(spec) == "auto" ? "" : spec);
   std::string token;
@@ -132,7 +149,7 @@ void setAlgorithmPins(const std::string& spec) {
     const std::string collective = trim(token.substr(0, colon));
     const std::string algorithm = trim(token.substr(colon + 1));
     const CollectiveTable* table = nullptr;
-    for (const auto& candidate : tables()) {
+    for (const auto& candidate : collectiveTables) {
       if (collective == candidate.name) table = &candidate;
     }
     if (table == nullptr) badSpec(spec, token, strCat("unknown collective '", collective, "'"));
@@ -143,16 +160,16 @@ void setAlgorithmPins(const std::string& spec) {
     if (index < 0 && algorithm != "auto") {
       badSpec(spec, token, strCat("'", algorithm, "' is not an algorithm of ", collective));
     }
-    updated[static_cast<size_t>(table->collective)] = index;
+    updated[table - collectiveTables] = index;
   }
-  for (size_t i = 0; i < kCollectives; ++i) pins[i] = updated[i];
+  for (size_t i = 0; i < updated.size(); ++i) collectiveTables[i].pinned = updated[i];
 }
 
 std::vector<std::pair<std::string, std::string>> algorithmPins() {
   std::lock_guard<std::mutex> lock(pinsMutex);
   std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& table : tables()) {
-    const int pinned = pins[static_cast<size_t>(table.collective)];
+  for (const auto& table : collectiveTables) {
+    const int pinned = table.pinned;
     out.emplace_back(table.name, pinned >= 0 ? table.algorithms[pinned].name : "auto");
   }
   return out;
@@ -160,7 +177,7 @@ std::vector<std::pair<std::string, std::string>> algorithmPins() {
 
 std::vector<std::pair<std::string, std::vector<std::string>>> availableAlgorithms() {
   std::vector<std::pair<std::string, std::vector<std::string>>> out;
-  for (const auto& table : tables()) {
+  for (const auto& table : collectiveTables) {
     std::vector<std::string> names;
     for (const Entry& entry : table.algorithms) names.emplace_back(entry.name);
     out.emplace_back(table.name, names);

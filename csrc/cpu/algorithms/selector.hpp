@@ -26,6 +26,14 @@ struct Selection {
 // (reduce_scatter) size.
 Selection selectAlgorithm(Collective collective, size_t bytes, int worldSize);
 
+// The automatic rule alone (no pins): the algorithm name for `collective` at `bytes` and
+// `worldSize`. The rule and its reasons are in docs/algorithms.md ("The automatic rule").
+const char* automaticChoice(Collective collective, size_t bytes, int worldSize);
+
+// The same by collective name ("allreduce", ...), for Python and tests; throws
+// std::invalid_argument for an unknown name.
+std::string automaticChoiceByName(const std::string& collective, size_t bytes, int worldSize);
+
 // Pins from a spec "collective:algorithm[,collective:algorithm...]"; "collective:auto" removes
 // that pin, and "" or "auto" removes them all. Throws std::invalid_argument naming the bad token
 // and the valid choices; on error nothing changes.
