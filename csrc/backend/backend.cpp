@@ -122,7 +122,11 @@ void DdpliteBackend::connectMpi(bool mpiTransport) {
   std::vector<bool> seen(worldSize, false);
   bool oneJob = true;
   for (int member = 0; member < size_; ++member) {
-    worldRanks[member] = std::stoi(rendezvous_.get(strCat("mpi/world_rank/", member), strCat("rank ", member, "'s MPI rank")));
+    const std::string text = rendezvous_.get(strCat("mpi/world_rank/", member), strCat("rank ", member, "'s MPI rank"));
+    char* end = nullptr;
+    const long parsed = std::strtol(text.c_str(), &end, 10);
+    worldRanks[member] = (end != text.c_str() && *end == '\0' && parsed >= 0 && parsed <= INT32_MAX)
+                             ? static_cast<int>(parsed) : -1;  // unparsable: not one job (reported below)
     const int w = worldRanks[member];
     oneJob = oneJob && w >= 0 && w < worldSize && !seen[w];
     if (oneJob) seen[w] = true;

@@ -38,30 +38,77 @@ int millisUntil(Deadline deadline) {
   return static_cast<int>(std::clamp<int64_t>(left, 0, kPollSliceMs));
 }
 
-void setNonBlocking(int fd) {
-  int flags = fcntl(fd, F_GETFL, 0);
-  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+// A failed socket call during set-up or tuning: a DistBackendError naming the rank, the call,
+// what it was for and the errno text (set-up never leaves a foreign exception or a half-made socket).
+[[noreturn]] void throwSocketError(int rank, const char* call, const std::string& about, int error) {
+  throwDistError(strCat("rank ", rank, ": ", call, " failed ", about, ": ", std::strerror(error)),
+                 "the machine may be out of file descriptors or ports (ulimit -n), or the interface "
+                 "DDPLITE_SOCKET_IFNAME selects may be down");
 }
 
-void tuneDataSocket(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+void checkCall(int result, int rank, const char* call, const std::string& about) {
+  if (result < 0) throwSocketError(rank, call, about, errno);
+}
+
+void setBlocking(int fd, bool blocking, int rank, const std::string& about) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  checkCall(flags, rank, "fcntl(F_GETFL)", about);
+  checkCall(fcntl(fd, F_SETFL, blocking ? (flags & ~O_NONBLOCK) : (flags | O_NONBLOCK)), rank, "fcntl(F_SETFL)", about);
+}
+
+void setIntOption(int fd, int level, int option, int value, int rank, const char* call, const std::string& about) {
+  checkCall(setsockopt(fd, level, option, &value, sizeof(value)), rank, call, about);
+}
+
+// Data sockets: no Nagle delay, the configured buffer sizes, non-blocking from now on.
+void tuneDataSocket(int fd, int rank, const std::string& about) {
+  setIntOption(fd, IPPROTO_TCP, TCP_NODELAY, 1, rank, "setsockopt(TCP_NODELAY)", about);
   if (int64_t bytes = env::socketBufferBytes(); bytes > 0) {
-    int value = static_cast<int>(bytes);
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &value, sizeof(value));
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &value, sizeof(value));
+    const int value = static_cast<int>(std::min<int64_t>(bytes, INT32_MAX));
+    setIntOption(fd, SOL_SOCKET, SO_SNDBUF, value, rank, "setsockopt(SO_SNDBUF)", about);
+    setIntOption(fd, SOL_SOCKET, SO_RCVBUF, value, rank, "setsockopt(SO_RCVBUF)", about);
   }
-  setNonBlocking(fd);
+  setBlocking(fd, false, rank, about);
 }
 
-sockaddr_in parseAddress(const std::string& hostPort) {
-  auto colon = hostPort.rfind(':');
+// "a.b.c.d:port" as published in the store; a malformed one (a foreign key, a corrupted store)
+// is a DistBackendError, not std::stoi's exception.
+sockaddr_in parseAddress(const std::string& hostPort, int rank) {
+  const size_t colon = hostPort.rfind(':');
+  const std::string portText = colon == std::string::npos ? "" : hostPort.substr(colon + 1);
+  char* end = nullptr;
+  errno = 0;
+  const long port = portText.empty() ? -1 : std::strtol(portText.c_str(), &end, 10);
   sockaddr_in address = {};
   address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(std::stoi(hostPort.substr(colon + 1))));
-  inet_pton(AF_INET, hostPort.substr(0, colon).c_str(), &address.sin_addr);
+  if (port < 0 || port > 65535 || errno != 0 || *end != '\0' ||
+      inet_pton(AF_INET, hostPort.substr(0, colon).c_str(), &address.sin_addr) != 1) {
+    throwDistError(strCat("rank ", rank, ": '", hostPort, "' is not an IPv4 address:port"),
+                   "the store holds a bad address for a rank; check that no other job shares this store's keys");
+  }
+  address.sin_port = htons(static_cast<uint16_t>(port));
   return address;
 }
+
+// Owns a descriptor during set-up, so that every exit path, exceptions included, closes it.
+class UniqueFd {
+ public:
+  explicit UniqueFd(int fd = -1) : fd_(fd) {}
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int get() const { return fd_; }
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_;
+};
 
 // Blocking I/O used only during set-up (sockets are still blocking then).
 bool writeAll(int fd, const void* data, size_t bytes) {
@@ -92,12 +139,12 @@ bool readAll(int fd, void* data, size_t bytes) {
 int finishConnect(int fd, Deadline deadline) {
   while (true) {
     pollfd entry = {fd, POLLOUT, 0};
-    int ready = poll(&entry, 1, millisUntil(deadline));
+    const int ready = poll(&entry, 1, millisUntil(deadline));
+    if (ready < 0 && errno != EINTR) return errno;
     if (ready > 0) {
       int error = 0;
       socklen_t length = sizeof(error);
-      getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
-      return error;
+      return getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 ? error : errno;
     }
     if (Clock::now() >= deadline) return ETIMEDOUT;
   }
@@ -146,6 +193,23 @@ TcpTransport::~TcpTransport() {
   }
 }
 
+// What every step of building the mesh needs to know and to say in its errors.
+struct TcpTransport::MeshSetup {
+  StoreRendezvous& rendezvous;
+  int rank;
+  int size;
+  Deadline deadline;
+  std::string purpose;    // store-key prefix of this mesh ("" or "p2p/")
+  std::string host;       // the address this rank listens on, and why it was chosen
+  std::string why;
+  std::string myAddress;  // host:port, once listening
+
+  std::string addressKey(int peer) const { return strCat(purpose, "addr/", peer); }
+  std::string peerAddress(int peer) const {
+    return rendezvous.get(addressKey(peer), strCat("the address of rank ", peer));
+  }
+};
+
 std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& rendezvous, int rank, int size,
                                                             Deadline deadline, const std::string& purpose,
                                                             bool checkFingerprints) {
@@ -153,97 +217,111 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
   if (size == 1) {
     return transport;
   }
-  std::string why;
-  const std::string host = net::chooseListenAddress(&why);
+  MeshSetup setup{rendezvous, rank, size, deadline, purpose, "", "", ""};
+  setup.host = net::chooseListenAddress(&setup.why);
+  UniqueFd listener(openListener(setup));
+  transport->addresses_[rank] = setup.myAddress;
+  for (int peer = 0; peer < rank; ++peer) {
+    transport->addresses_[peer] = setup.peerAddress(peer);
+    transport->fds_[peer] = connectToLowerRank(setup, peer, transport->addresses_[peer]);
+  }
+  acceptHigherRanks(setup, listener.get(), *transport);
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    tuneDataSocket(transport->fds_[peer], rank, strCat("on the socket to rank ", peer));
+    if (transport->addresses_[peer].empty()) transport->addresses_[peer] = setup.peerAddress(peer);
+  }
+  return transport;
+}
 
-  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in bindAddress = parseAddress(host + ":0");
-  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&bindAddress), sizeof(bindAddress)) != 0 ||
-      listen(listener, size) != 0) {
-    int error = errno;
-    if (listener >= 0) close(listener);
-    throwDistError(strCat("rank ", rank, " cannot listen on ", host, ": ", std::strerror(error)),
+// Listens on an ephemeral port of setup.host and publishes host:port in the store.
+int TcpTransport::openListener(MeshSetup& setup) {
+  const std::string about = strCat("to listen on ", setup.host);
+  UniqueFd listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  checkCall(listener.get(), setup.rank, "socket", about);
+  sockaddr_in bindAddress = parseAddress(setup.host + ":0", setup.rank);
+  if (bind(listener.get(), reinterpret_cast<sockaddr*>(&bindAddress), sizeof(bindAddress)) != 0 ||
+      listen(listener.get(), setup.size) != 0) {
+    throwDistError(strCat("rank ", setup.rank, " cannot listen on ", setup.host, ": ", std::strerror(errno)),
                    "choose another interface with DDPLITE_SOCKET_IFNAME");
   }
   sockaddr_in bound = {};
   socklen_t length = sizeof(bound);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&bound), &length);
-  const std::string myAddress = strCat(host, ":", ntohs(bound.sin_port));
-  DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " listens on ", myAddress, " (", why, ")");
-  rendezvous.set(strCat(purpose, "addr/", rank), myAddress);
-  transport->addresses_[rank] = myAddress;
+  checkCall(getsockname(listener.get(), reinterpret_cast<sockaddr*>(&bound), &length), setup.rank, "getsockname",
+            about);
+  setup.myAddress = strCat(setup.host, ":", ntohs(bound.sin_port));
+  DDPLITE_LOG(kInfo, "rank ", setup.rank, "/", setup.size, " listens on ", setup.myAddress, " (", setup.why, ")");
+  setup.rendezvous.set(setup.addressKey(setup.rank), setup.myAddress);
+  return listener.release();
+}
 
-  // Connect to every lower rank; retry refusals until the deadline (a peer may be slow to
-  // accept only if its backlog is full, which the retry covers).
-  for (int peer = 0; peer < rank; ++peer) {
-    const std::string peerAddress = rendezvous.get(strCat(purpose, "addr/", peer), strCat("the address of rank ", peer));
-    transport->addresses_[peer] = peerAddress;
-    sockaddr_in target = parseAddress(peerAddress);
-    int lastError = 0;
-    while (true) {
-      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      setNonBlocking(fd);
-      int result = connect(fd, reinterpret_cast<sockaddr*>(&target), sizeof(target));
-      lastError = (result == 0) ? 0 : (errno == EINPROGRESS ? finishConnect(fd, deadline) : errno);
-      if (lastError == 0) {
-        int flags = fcntl(fd, F_GETFL, 0);
-        fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-        Hello hello = {kHelloMagic, rank, size};
-        if (writeAll(fd, &hello, sizeof(hello))) {
-          transport->fds_[peer] = fd;
-          break;
-        }
-        lastError = errno;
-      }
-      close(fd);
-      if (Clock::now() >= deadline) {
-        close(listener);
-        const std::string failure = strCat("rank ", rank, " could not connect to rank ", peer, " at ", peerAddress,
-                                           ": ", std::strerror(lastError), " (rank ", rank, " listens on ",
-                                           myAddress, ", ", why, ")");
-        rendezvous.recordFailure(failure);  // the ranks waiting for this one to connect quote it
-        throwDistError(failure, unreachableHint());
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+// One connection attempt: a connected, blocking socket that has sent its Hello, or -1 with
+// *error set (connect refused, timed out, or the Hello could not be written).
+int TcpTransport::tryConnect(const MeshSetup& setup, const sockaddr_in& target, int* error) {
+  const std::string about = "to connect to a lower rank";
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  checkCall(fd.get(), setup.rank, "socket", about);
+  setBlocking(fd.get(), false, setup.rank, about);
+  const int result = connect(fd.get(), reinterpret_cast<const sockaddr*>(&target), sizeof(target));
+  *error = (result == 0) ? 0 : (errno == EINPROGRESS ? finishConnect(fd.get(), setup.deadline) : errno);
+  if (*error != 0) return -1;
+  setBlocking(fd.get(), true, setup.rank, about);
+  const Hello hello = {kHelloMagic, setup.rank, setup.size};
+  if (!writeAll(fd.get(), &hello, sizeof(hello))) {
+    *error = errno != 0 ? errno : EPIPE;
+    return -1;
   }
+  return fd.release();
+}
 
-  // Accept every higher rank.
-  for (int accepted = 0; accepted < size - 1 - rank;) {
+// Connects to `peer` (a lower rank), retrying refusals until the deadline (a peer's backlog may
+// be full for a moment). Past the deadline: records the failure in the store, so the ranks
+// waiting for this one quote it, and throws.
+int TcpTransport::connectToLowerRank(const MeshSetup& setup, int peer, const std::string& peerAddress) {
+  const sockaddr_in target = parseAddress(peerAddress, setup.rank);
+  while (true) {
+    int error = 0;
+    const int fd = tryConnect(setup, target, &error);
+    if (fd >= 0) return fd;
+    if (Clock::now() >= setup.deadline) {
+      const std::string failure = strCat("rank ", setup.rank, " could not connect to rank ", peer, " at ", peerAddress,
+                                         ": ", std::strerror(error), " (rank ", setup.rank, " listens on ",
+                                         setup.myAddress, ", ", setup.why, ")");
+      setup.rendezvous.recordFailure(failure);
+      throwDistError(failure, unreachableHint());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// Accepts one connection from every higher rank; a connection whose Hello is not a higher rank
+// of this group that has not connected yet is dropped with a warning.
+void TcpTransport::acceptHigherRanks(const MeshSetup& setup, int listener, TcpTransport& transport) {
+  for (int accepted = 0; accepted < setup.size - 1 - setup.rank;) {
     pollfd entry = {listener, POLLIN, 0};
-    if (poll(&entry, 1, millisUntil(deadline)) <= 0) {
-      if (Clock::now() < deadline) continue;
+    const int ready = poll(&entry, 1, millisUntil(setup.deadline));
+    if (ready < 0 && errno != EINTR) throwSocketError(setup.rank, "poll", "waiting for higher ranks to connect", errno);
+    if (ready <= 0) {
+      if (Clock::now() < setup.deadline) continue;
       std::string missing;
-      for (int peer = rank + 1; peer < size; ++peer) {
-        if (transport->fds_[peer] < 0) missing += strCat(missing.empty() ? "" : ", ", peer);
+      for (int peer = setup.rank + 1; peer < setup.size; ++peer) {
+        if (transport.fds_[peer] < 0) missing += strCat(missing.empty() ? "" : ", ", peer);
       }
-      close(listener);
-      throwDistError(strCat("rank ", rank, " (listening on ", myAddress, ", ", why, ") timed out waiting for rank(s) ",
-                            missing, " to connect", peerReport(rendezvous)),
+      throwDistError(strCat("rank ", setup.rank, " (listening on ", setup.myAddress, ", ", setup.why,
+                            ") timed out waiting for rank(s) ", missing, " to connect", peerReport(setup.rendezvous)),
                      "those ranks may not reach this address; " + unreachableHint());
     }
-    int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    UniqueFd fd(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
+    if (fd.get() < 0) continue;  // the connecting rank gave up or retries: poll again
     Hello hello = {};
-    if (!readAll(fd, &hello, sizeof(hello)) || hello.magic != kHelloMagic || hello.size != size ||
-        hello.rank <= rank || hello.rank >= size || transport->fds_[hello.rank] >= 0) {
-      DDPLITE_LOG(kWarn, "rank ", rank, " dropped an unexpected connection on ", myAddress);
-      close(fd);
+    if (!readAll(fd.get(), &hello, sizeof(hello)) || hello.magic != kHelloMagic || hello.size != setup.size ||
+        hello.rank <= setup.rank || hello.rank >= setup.size || transport.fds_[hello.rank] >= 0) {
+      DDPLITE_LOG(kWarn, "rank ", setup.rank, " dropped an unexpected connection on ", setup.myAddress);
       continue;
     }
-    transport->fds_[hello.rank] = fd;
+    transport.fds_[hello.rank] = fd.release();
     ++accepted;
   }
-  close(listener);
-
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    tuneDataSocket(transport->fds_[peer]);
-    if (transport->addresses_[peer].empty()) {
-      transport->addresses_[peer] = rendezvous.get(strCat(purpose, "addr/", peer), strCat("the address of rank ", peer));
-    }
-  }
-  return transport;
 }
 
 std::string TcpTransport::describePeer(int peer) const {

@@ -18,6 +18,8 @@
 #include "cpu/transport/transport.hpp"
 #include "rendezvous/store.hpp"
 
+#include <netinet/in.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -47,6 +49,14 @@ class TcpTransport final : public Transport {
 
  private:
   TcpTransport(int rank, int size, bool checkFingerprints);
+
+  // Building the mesh, one job per function (tcp.cpp): listen and publish the address; connect
+  // to each lower rank (with retries until the deadline); accept each higher rank.
+  struct MeshSetup;
+  static int openListener(MeshSetup& setup);
+  static int tryConnect(const MeshSetup& setup, const sockaddr_in& target, int* error);
+  static int connectToLowerRank(const MeshSetup& setup, int peer, const std::string& peerAddress);
+  static void acceptHigherRanks(const MeshSetup& setup, int listener, TcpTransport& transport);
 
   // One direction of a transfer in progress: an optional fingerprint header, then the payload.
   struct Progress {
