@@ -210,3 +210,34 @@ def test_collect_env_names_versions_and_transports():
     assert "DDPLITE_RING_SEGMENT_BYTES:" in stdout
     assert "extension build flags: -O3 -Wall -Wno-unused-parameter\n" in stdout
     assert "CPU algorithms: allreduce: naive, ring, butterfly, halving_doubling;" in stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--backends", "ddplite,glo"], "--backends: glo not available here; choose from ddplite, gloo"),
+    (["--backends", "nccl"], "--backends: nccl not available here"),
+    (["--backends", "ddplite,ddplite"], "--backends: name at least one backend, each once"),
+    (["--world-size", "0"], "--world-size 0: need at least 1 rank"),
+    (["ddp", "--backends", "gloo,tcp"], "--backends: tcp not available here"),
+    (["ddp", "--world-size", "-2"], "--world-size -2: need at least 1 rank"),
+    (["ddp", "--models", "resnet50"], "unknown model(s) resnet50"),
+])
+def test_backends_and_world_size_are_checked_before_launching(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_subcommands_and_default(capsys):
+    """'collectives' is the default subcommand: an option list alone goes to it."""
+    with pytest.raises(SystemExit) as exit_info:
+        bench_main(["-h"])
+    assert exit_info.value.code == 0
+    assert "{collectives,ddp}" in capsys.readouterr().out
+    for argv in (["--help"], ["collectives", "--help"]):
+        with pytest.raises(SystemExit):
+            bench_main(argv[-1:] if argv[0] == "--help" else argv)
+    assert "--ops" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench_main(["ddp", "--help"])
+    assert "--models" in capsys.readouterr().out

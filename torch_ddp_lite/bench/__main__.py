@@ -7,7 +7,7 @@ import sys
 import torch
 
 from torch_ddp_lite.bench import collectives, ddp
-from torch_ddp_lite.bench.launch import run_ranks
+from torch_ddp_lite.bench.launch import BACKEND_VARIANTS, launcher_ranks, run_ranks
 from torch_ddp_lite.bench.sweep import OPS, parse_size, size_sweep
 
 
@@ -34,11 +34,11 @@ def common_options():
     return parser
 
 
-def collectives_parser(common):
-    parser = argparse.ArgumentParser(
-        prog="python -m torch_ddp_lite.bench", parents=[common],
-        description="Collectives swept over sizes on several backends in one run, nccl-tests style. "
-                    "'python -m torch_ddp_lite.bench ddp -h' describes the DDP training benchmark.")
+def add_collectives(subcommands, common):
+    parser = subcommands.add_parser(
+        "collectives", parents=[common], prog="python -m torch_ddp_lite.bench [collectives]",
+        help="collectives swept over sizes (the default subcommand)",
+        description="Collectives swept over sizes on several backends in one run, nccl-tests style.")
     parser.add_argument("--ops", type=comma_list, default=list(OPS), help=f"comma list of: {', '.join(OPS)}")
     parser.add_argument("--min-bytes", "-b", type=parse_size, default=8, help="smallest size (K/M/G suffixes)")
     parser.add_argument("--max-bytes", "-e", type=parse_size, default=parse_size("256M"), help="largest size")
@@ -52,12 +52,12 @@ def collectives_parser(common):
                         help="most warm-up iterations per point and backend (within a quarter of --time-per-point)")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds the iterations are split into")
     parser.add_argument("--plot", metavar="FILE.png", help="write busbw and latency against size to FILE.png")
-    return parser
+    parser.set_defaults(parser=parser, check=check_collectives, entry=collectives.run)
 
 
-def ddp_parser(common):
-    parser = argparse.ArgumentParser(
-        prog="python -m torch_ddp_lite.bench ddp", parents=[common],
+def add_ddp(subcommands, common):
+    parser = subcommands.add_parser(
+        "ddp", parents=[common], prog="python -m torch_ddp_lite.bench ddp", help="DDP training step time",
         description="DDP training step time and images/s of the same models and data under each backend.")
     parser.add_argument("--models", type=comma_list, default=list(ddp.MODELS),
                         help=f"comma list of: {', '.join(ddp.MODELS)}")
@@ -65,7 +65,54 @@ def ddp_parser(common):
     parser.add_argument("--steps", type=int, default=20, help="measured steps per model and backend")
     parser.add_argument("--warmup-steps", type=int, default=3, help="unmeasured steps first (at least 1)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds the steps are split into")
+    parser.set_defaults(parser=parser, check=check_ddp, entry=ddp.run)
+
+
+SUBCOMMANDS = ("collectives", "ddp")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_ddp_lite.bench",
+        description="ddplite against other torch.distributed backends, measured in one interleaved run. "
+                    "'collectives' (the default when no subcommand is given) sweeps collectives over sizes; "
+                    "'ddp' times DDP training steps. '<subcommand> -h' lists each one's options.")
+    subcommands = parser.add_subparsers(dest="command", metavar="{collectives,ddp}")
+    common = common_options()
+    add_collectives(subcommands, common)
+    add_ddp(subcommands, common)
     return parser
+
+
+def known_backends(device):
+    """The backends (and ddplite variants) --backends may name on `device`, with why others are out."""
+    import torch.distributed as dist
+
+    import torch_ddp_lite
+
+    known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-unchecked"]
+    if torch_ddp_lite.build_info()["mpi"]:
+        known.append("ddplite-mpi")
+    if dist.is_mpi_available():
+        known.append("mpi")
+    if device == "cuda":
+        known.append("nccl")
+    assert set(known) - {"ddplite", "gloo", "mpi", "nccl"} <= set(BACKEND_VARIANTS)
+    return known
+
+
+def check_launch(parser, options):
+    """--backends names backends that exist here, each once; --world-size is a positive count."""
+    if options.backends is not None:
+        known = known_backends(options.device)
+        unknown = [name for name in options.backends if name not in known]
+        if unknown:
+            parser.error(f"--backends: {', '.join(unknown)} not available here; choose from {', '.join(known)} "
+                         "(nccl needs --device cuda, ddplite-mpi a ddplite built with MPI, mpi a torch built with MPI)")
+        if not options.backends or len(set(options.backends)) != len(options.backends):
+            parser.error("--backends: name at least one backend, each once")
+    if launcher_ranks() is None and options.world_size < 1:
+        parser.error(f"--world-size {options.world_size}: need at least 1 rank")
 
 
 def check_output_folders(parser, options):
@@ -100,18 +147,16 @@ def check_ddp(parser, options):
 
 
 def main(argv):
-    common = common_options()
-    if argv[:1] == ["ddp"]:
-        parser = ddp_parser(common)
-        options = parser.parse_args(argv[1:])
-        check_ddp(parser, options)
-        entry = ddp.run
-    else:
-        parser = collectives_parser(common)
-        options = parser.parse_args(argv)
-        check_collectives(parser, options)
-        entry = collectives.run
-    check_output_folders(parser, options)
+    parser = build_parser()
+    if not argv or argv[0] not in (*SUBCOMMANDS, "-h", "--help"):
+        argv = ["collectives", *argv]  # the default subcommand
+    options = parser.parse_args(argv)
+    # what the subcommand set; not part of the options the ranks receive (they are pickled)
+    subparser, check, entry = options.parser, options.check, options.entry
+    del options.parser, options.check, options.entry
+    check(subparser, options)
+    check_launch(subparser, options)
+    check_output_folders(subparser, options)
     if options.backends is None:
         options.backends = ["ddplite", "gloo"] if options.device == "cpu" else ["ddplite", "nccl", "gloo"]
     return run_ranks(entry, options)
