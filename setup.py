@@ -14,6 +14,8 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
+import sysconfig
 
 import torch
 from setuptools import setup
@@ -146,7 +148,14 @@ extension = CppExtension(
     },
 )
 
+# Object files in a fixed folder (the name build_ext --inplace uses), not in the temporary folder
+# that pip's editable install would otherwise throw away: a later `pip install -e` or
+# scripts/setup.sh then recompiles only what changed, and tests/test_mpi.py links an MPI-less
+# extension from these objects (tests/build_variants.py).
+BUILD_TEMP = os.path.join(ROOT, "build", f"temp.{sysconfig.get_platform()}-{sys.implementation.cache_tag}")
+
 setup(
     ext_modules=[extension],
+    options={"build_ext": {"build_temp": BUILD_TEMP}},
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )
