@@ -35,6 +35,7 @@ namespace {
 std::vector<std::string> cpuTransports() {
   std::vector<std::string> names{"tcp"};
   if (ddplite::mpi::compiledIn()) names.emplace_back("mpi");
+  names.emplace_back("shm");  // POSIX shared memory: every Linux build
   return names;
 }
 
@@ -108,7 +109,7 @@ PYBIND11_MODULE(_C, m) {
         ddplite::DdpliteBackend& group = asDdplite(backend);
         return py::make_tuple(std::string(group.cpuTransportName()), std::string(group.bootstrap().name()));
       },
-      py::arg("backend"), "(CPU collective transport, bootstrap) of a ddplite group: ('tcp'|'mpi', 'store'|'mpi').");
+      py::arg("backend"), "(CPU collective transport, bootstrap) of a ddplite group: ('tcp'|'mpi'|'shm', 'store'|'mpi').");
   m.def(
       "bootstrap_broadcast",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& key, const std::string& blob, int root) {

@@ -72,11 +72,22 @@ def one_rank_differs(rank, world_size, case):
         "reduce_root": lambda: _reduce(torch.ones(4), dst=world_size - 1 if odd else 0),
         "order": lambda: _in_order(rank, odd, world_size),
         "alltoall_splits": lambda: _alltoall_splits(rank, world_size, odd),
+        "seq": lambda: all_reduce_of(torch.ones(4)) if not odd else _refused_then_all_reduce(),
     }
     steps = {"first": outcome(calls[case])}
     steps["second"] = outcome(lambda: all_reduce_of(torch.full((3,), 1.0)))
     steps["third"] = outcome(lambda: all_reduce_of(torch.full((3,), 1.0)))
     return steps
+
+
+def _refused_then_all_reduce():
+    """A refused call (sparse input) takes a sequence number on this rank only; the all_reduce
+    that follows matches the others' in everything but its number."""
+    try:
+        dist.all_reduce(torch.eye(3).to_sparse())
+    except ValueError:
+        pass
+    return all_reduce_of(torch.ones(4))
 
 
 def _all_gather(tensor, world_size):

@@ -205,7 +205,7 @@ def test_collect_env_names_versions_and_transports():
     stdout = run_module("torch_ddp_lite.collect_env", timeout=60)
     assert f"torch: {torch.__version__}\n" in stdout
     # what the extension reports it has: MPI's data path exactly when MPI is compiled in
-    expected = "tcp, mpi" if torch_ddp_lite.build_info()["mpi"] else "tcp"
+    expected = "tcp, mpi, shm" if torch_ddp_lite.build_info()["mpi"] else "tcp, shm"
     assert f"transports: {expected}\n" in stdout
     assert "DDPLITE_RING_SEGMENT_BYTES:" in stdout
     assert "extension build flags: -O3 -Wall -Wno-unused-parameter\n" in stdout

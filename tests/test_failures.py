@@ -24,6 +24,17 @@ def test_rank_exit_is_reported_by_every_other_rank(world_size, victim):
         assert result["seconds"] < 5.0, result
 
 
+def test_exit_seen_while_only_receiving_is_reported_as_closed():
+    """The end-of-stream path (recv returns 0) on its own: rank 0 only receives from rank 1,
+    which exits; no send fails first with EPIPE or ECONNRESET to report it instead."""
+    results = run_ranks(workers.receiver_sees_exit, 2, pg_timeout_s=60, timeout_s=120, may_exit={1})
+    result = results[0]
+    assert result["type"] == "DistBackendError", result
+    assert "rank 1" in result["message"] and "closed the connection (recv: end of stream)" in result["message"], \
+        result["message"]
+    assert result["seconds"] < 5.0, result
+
+
 def test_wait_timeout_is_honoured():
     results = run_ranks(workers.wait_with_timeout, 2)
     outcome = results[0]

@@ -85,6 +85,8 @@ CASES = {
     "root": ("root: 0 here, ", "collective mismatch"),
     "order": ("collective: allreduce here, broadcast at the peer", "collective: broadcast here, allreduce at the peer"),
     "alltoall_splits": ("message length: 12 bytes expected here, 8 bytes sent by the peer",),
+    # identical calls but for the sequence number: the last rank refused one call alone
+    "seq": ("sequence number: #1 here, #2 at the peer", "sequence number: #2 here, #1 at the peer"),
 }
 
 

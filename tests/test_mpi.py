@@ -244,7 +244,7 @@ def test_extension_built_without_mpi_loads_runs_and_refuses_the_mpi_transport(tm
     for output in outputs:
         result = json.loads(output.split("RESULT ", 1)[1])
         assert result["file"].startswith(site)
-        assert result["mpi"] is False and result["cpu_transports"] == ["tcp"]
+        assert result["mpi"] is False and result["cpu_transports"] == ["tcp", "shm"]
         assert result["sum"] == [0.0, 3.0, 6.0, 9.0, 12.0]
         assert "DDPLITE_CPU_TRANSPORT=mpi, but this ddplite was built without MPI" in result["mpi_transport"]
         assert "libopenmpi-dev" in result["mpi_transport"]

@@ -218,6 +218,20 @@ def rank_exits_midway(rank, world_size, victim, steps_before_exit):
     return {"type": None, "message": "no error after 100 steps", "step": 100}
 
 
+def receiver_sees_exit(rank, world_size):
+    """Rank 1 exits before sending anything; rank 0 only receives (broadcast from rank 1), so it
+    sees the end of the stream, not a failed send."""
+    if rank == 1:
+        time.sleep(0.5)
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        dist.broadcast(torch.zeros(10), src=1)
+        return {"type": None}
+    except Exception as error:  # noqa: BLE001
+        return {"type": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}
+
+
 def wait_with_timeout(rank, world_size):
     tensor = torch.full((10,), float(rank + 1))
     if rank == 1:

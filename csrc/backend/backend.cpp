@@ -103,12 +103,29 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   transport_ = TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "", env::fingerprintChecks());
   p2p_ = std::make_unique<cpu::P2pEngine>(TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "p2p/",
                                                                              /*checkFingerprints=*/false));
+  connectSharedMemory();
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
                                       [this](std::chrono::milliseconds t) { return resolveTimeout(t); }});
   worker_ = std::make_unique<Worker>();
   DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " ready (timeout ", timeoutMs_.load(), " ms, CPU collectives over ",
               cpuTransportName(), ", bootstrap over ", bootstrap_->name(), ")");
   init();
+}
+
+// DDPLITE_CPU_TRANSPORT=shm: the group's shared-memory segment (cpu/shm/), or a clear error
+// when its ranks cannot share memory (pinned: no silent fallback).
+void DdpliteBackend::connectSharedMemory() {
+  if (env::cpuTransport() != "shm" || size_ == 1) return;
+  std::string whyNot;
+  shm_ = cpu::ShmGroup::create(rendezvous_, *transport_, rank_, size_, static_cast<size_t>(env::shmChunkBytes()),
+                               &whyNot);
+  if (!shm_) {
+    throwDistError(OpContext{rank_, size_, "init", 0},
+                   strCat("DDPLITE_CPU_TRANSPORT=shm, but this group cannot use shared memory: ", whyNot),
+                   "unset DDPLITE_CPU_TRANSPORT (or set it to tcp) to run over TCP");
+  }
+  DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": allreduce, broadcast and barrier through shared memory (",
+              shm_->segmentName(), ", unlinked), the rest over TCP");
 }
 
 void DdpliteBackend::connectMpi(bool mpiTransport) {
@@ -239,7 +256,8 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
 void DdpliteBackend::runOnWorker(DdpliteWork& work, std::chrono::milliseconds timeout, const CpuBody& body) {
   try {
     throwIfBroken(work.context());
-    body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout, work.context(), mpiCollectives_.get()});
+    body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout, work.context(), mpiCollectives_.get(),
+                         shm_.get()});
     work.markFinished(nullptr);
   } catch (const TransportError& error) {
     work.markFinished(failureFromTransport(work.context(), error));
@@ -266,6 +284,7 @@ std::exception_ptr DdpliteBackend::failureFromTransport(const OpContext& ctx, co
     }
     markBroken(strCat(ctx.describe(), ": ", what));  // quotes the first failure too
     if (mpiCollectives_) mpiCollectives_->abort();
+    if (shm_) shm_->abort();
     transport_->abort();
   }
   DDPLITE_LOG(kWarn, ctx.describe(), " failed: ", what);
@@ -296,6 +315,7 @@ void DdpliteBackend::throwIfBroken(const OpContext& ctx) {
 void DdpliteBackend::abort() {
   markBroken(strCat("abort() was called on rank ", rank_));
   if (mpiCollectives_) mpiCollectives_->abort();
+  if (shm_) shm_->abort();
   if (cuda_) cuda_->abort();
   transport_->abort();
   p2p_->abort();

@@ -97,7 +97,7 @@ class DdpliteBackend final : public c10d::Backend {
   // MPI job (mpi:// or DDPLITE_CPU_TRANSPORT=mpi), else over the store.
   Bootstrap& bootstrap() { return *bootstrap_; }
   // "tcp" or "mpi": what carries this group's CPU collectives.
-  const char* cpuTransportName() const { return mpiCollectives_ ? "mpi" : "tcp"; }
+  const char* cpuTransportName() const { return mpiCollectives_ ? "mpi" : shm_ ? "shm" : "tcp"; }
 
  private:
   using CpuBody = std::function<void(const cpu::CpuContext&)>;
@@ -130,6 +130,7 @@ class DdpliteBackend final : public c10d::Backend {
   // The group's MPI communicator when this process is part of an MPI job (see bootstrap()), and
   // MPI's collectives on it when DDPLITE_CPU_TRANSPORT=mpi. Collective over the group.
   void connectMpi(bool mpiTransport);
+  void connectSharedMemory();
 
   StoreRendezvous rendezvous_;
   std::atomic<int64_t> timeoutMs_;
@@ -139,6 +140,8 @@ class DdpliteBackend final : public c10d::Backend {
   std::unique_ptr<Bootstrap> bootstrap_;  // NCCL unique id and device ids: MPI in one MPI job, else the store
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<cpu::P2pEngine> p2p_;
+  // null unless DDPLITE_CPU_TRANSPORT=shm (and P > 1); uses transport_ as its liveness probe
+  std::unique_ptr<cpu::ShmGroup> shm_;
   std::atomic<uint64_t> p2pSeq_{0};
   cpu::Scratch scratch_;  // worker thread only
 

@@ -24,14 +24,17 @@ constexpr const char* kAlgo = "DDPLITE_ALGO";
 constexpr const char* kCpuTransport = "DDPLITE_CPU_TRANSPORT";
 constexpr const char* kCudaStaging = "DDPLITE_CUDA_STAGING";
 constexpr const char* kFingerprint = "DDPLITE_FINGERPRINT";
+constexpr const char* kShmChunkBytes = "DDPLITE_SHM_CHUNK_BYTES";
 
 // Defaults and allowed values, written once: the readers and the knob table both use these.
 // For a choice knob the first entry is the default.
 constexpr int64_t kDefaultChunkBytes = 256 << 10;
 constexpr int64_t kMinimumChunkBytes = 64;
 constexpr int64_t kDefaultSocketBufferBytes = 0;
+constexpr int64_t kDefaultShmChunkBytes = 512 << 10;
+constexpr int64_t kMinimumShmChunkBytes = 4096;
 const std::initializer_list<const char*> kLogLevels = {"WARN", "INFO", "TRACE"};
-const std::initializer_list<const char*> kTransports = {"tcp", "mpi"};
+const std::initializer_list<const char*> kTransports = {"tcp", "mpi", "shm"};
 const std::initializer_list<const char*> kStagings = {"auto", "always", "never"};
 const std::initializer_list<const char*> kSwitch = {"1", "0"};
 
@@ -98,9 +101,13 @@ const std::vector<Knob>& allKnobs() {
        "Pin CPU algorithms, e.g. 'allreduce:ring,broadcast:tree' (collective:algorithm, comma-separated; "
        "'auto' for the size-based choice). Must be the same on every rank"},
       {kCpuTransport, *kTransports.begin(),
-       "What carries CPU collectives: 'tcp' (ddplite's own transport and algorithms) or 'mpi' (MPI's own "
-       "collectives on the group's communicator; needs a build with MPI and a job launched by mpirun). "
-       "Must be the same on every rank"},
+       "What carries CPU collectives: 'tcp' (ddplite's own transport and algorithms), 'mpi' (MPI's own "
+       "collectives on the group's communicator; needs a build with MPI and a job launched by mpirun) or "
+       "'shm' (preview: allreduce, broadcast and barrier through shared memory when all ranks of a group "
+       "share a host, the rest over tcp). Must be the same on every rank"},
+      {kShmChunkBytes, std::to_string(kDefaultShmChunkBytes),
+       strCat("Shared-memory path: bytes per rank and buffer moved per step (two buffers per rank; >= ",
+              kMinimumShmChunkBytes, ")")},
       {kFingerprint, *kSwitch.begin(),
        "1: the first message of every CPU collective to each peer carries a 48-byte fingerprint (sequence "
        "number, op, sizes, dtype, reduce op, root, algorithm), so a rank in another collective is reported at "
@@ -119,6 +126,7 @@ void validateAll() {
   readBytes(kTreeChunkBytes, kDefaultChunkBytes, kMinimumChunkBytes);
   readBytes(kSocketBufferBytes, kDefaultSocketBufferBytes, 0);
   readChoice(kCpuTransport, kTransports);
+  readBytes(kShmChunkBytes, kDefaultShmChunkBytes, kMinimumShmChunkBytes);
   readChoice(kFingerprint, kSwitch);
   readChoice(kCudaStaging, kStagings);
 }
@@ -158,6 +166,11 @@ int64_t treeChunkBytes() {
 
 int64_t socketBufferBytes() {
   static const int64_t bytes = readBytes(kSocketBufferBytes, kDefaultSocketBufferBytes, 0);
+  return bytes;
+}
+
+int64_t shmChunkBytes() {
+  static const int64_t bytes = readBytes(kShmChunkBytes, kDefaultShmChunkBytes, kMinimumShmChunkBytes);
   return bytes;
 }
 

@@ -47,7 +47,10 @@ int64_t socketBufferBytes();
 // cpu/algorithms/selector.cpp.
 std::string algorithmSpec();
 
-// DDPLITE_CPU_TRANSPORT: "tcp" (default) or "mpi", lower-cased.
+// DDPLITE_SHM_CHUNK_BYTES: bytes per rank and buffer of the shared-memory path (cpu/shm/).
+int64_t shmChunkBytes();
+
+// DDPLITE_CPU_TRANSPORT: "tcp" (default), "mpi" or "shm", lower-cased.
 std::string cpuTransport();
 
 // DDPLITE_FINGERPRINT: whether collectives carry and check the wire fingerprint

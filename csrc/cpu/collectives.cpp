@@ -1,5 +1,7 @@
 #include "cpu/collectives.hpp"
 
+#include "cpu/shm/shm_algorithms.hpp"
+
 #include "common/errors.hpp"
 #include "cpu/algorithms/selector.hpp"
 
@@ -141,6 +143,20 @@ bool isRooted(Collective collective) {
   return collective == Collective::kBroadcast || collective == Collective::kReduce;
 }
 
+// The algorithm index the wire fingerprint carries for the shared-memory path (beyond every
+// selector index, so a rank on shared memory never agrees with one on TCP).
+constexpr uint8_t kShmAlgorithmIndex = 200;
+
+// The shared-memory algorithm of `collective`, or null where the TCP path serves it.
+void (*shmAlgorithmFor(Collective collective))(ShmGroup&, const AlgorithmArgs&) {
+  switch (collective) {
+    case Collective::kAllreduce: return &shm::allreduce;
+    case Collective::kBroadcast: return &shm::broadcast;
+    case Collective::kBarrier: return &shm::barrier;
+    default: return nullptr;
+  }
+}
+
 // The data path of one byte-level collective: MPI's when the group uses it, else the selected
 // algorithm, with the transport armed with the collective's fingerprint. `bufferBytes` as in
 // selectAlgorithm (the same on every rank).
@@ -152,6 +168,12 @@ void runCollective(const CpuContext& ctx, Collective collective, const Algorithm
     ctx.mpi->agree(fingerprintOf(ctx, wireKindOf(collective), 0, "mpi", dtype, reduceOp, root, bufferBytes),
                    ctx.deadline);
     ctx.mpi->run(collective, args, dtype, op);
+    return;
+  }
+  if (ctx.shm != nullptr && shmAlgorithmFor(collective) != nullptr) {
+    ctx.shm->beginCollective(
+        fingerprintOf(ctx, wireKindOf(collective), kShmAlgorithmIndex, "shm", dtype, reduceOp, root, bufferBytes));
+    shmAlgorithmFor(collective)(*ctx.shm, args);
     return;
   }
   const Selection selection = selectAlgorithm(collective, bufferBytes, ctx.transport.size());

@@ -9,6 +9,7 @@
 #include "common/errors.hpp"
 #include "cpu/algorithms/algorithm.hpp"
 #include "cpu/mpi_collectives.hpp"
+#include "cpu/shm/shm_group.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -27,6 +28,9 @@ struct CpuContext {
   // Set when the group runs with DDPLITE_CPU_TRANSPORT=mpi: collectives it handles go to MPI,
   // the rest (and p2p) through `transport`.
   const MpiCollectives* mpi = nullptr;
+  // Set when the group runs with DDPLITE_CPU_TRANSPORT=shm: allreduce, broadcast and barrier go
+  // through shared memory (cpu/shm/), the rest through `transport`.
+  ShmGroup* shm = nullptr;
 };
 
 void allreduce(const CpuContext& ctx, at::Tensor& tensor, const c10d::ReduceOp& op);

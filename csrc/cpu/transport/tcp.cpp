@@ -333,6 +333,12 @@ void TcpTransport::checkPeer(int peer) const {
   DDPLITE_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "bad peer ", peer, " for rank ", rank_);
 }
 
+bool TcpTransport::peerHungUp(int peer) {
+  checkPeer(peer);
+  pollfd entry = {fds_[peer], POLLRDHUP, 0};
+  return poll(&entry, 1, 0) > 0 && (entry.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 void TcpTransport::abort() {
   if (aborted_.exchange(true)) return;
   // shutdown() wakes a poll blocked in the worker thread; the fds are closed in the destructor,

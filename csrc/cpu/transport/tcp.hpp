@@ -45,6 +45,7 @@ class TcpTransport final : public Transport {
                 size_t recvBytes, Deadline deadline) override;
   void beginCollective(const Fingerprint& fingerprint) override;
   std::string describePeer(int peer) const override;
+  bool peerHungUp(int peer) override;
   void abort() override;
 
  private:

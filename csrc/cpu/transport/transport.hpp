@@ -59,6 +59,11 @@ class Transport {
   // armed (the p2p mesh) sends and expects no headers.
   virtual void beginCollective(const Fingerprint& fingerprint) = 0;
 
+  // Whether `peer` has closed its end (it exited or crashed): a liveness probe that neither
+  // blocks nor consumes data, for paths that wait on something other than this transport
+  // (shared memory). Worker thread only.
+  virtual bool peerHungUp(int peer) = 0;
+
   // "rank 3 (10.0.0.5:41234)": used in every error that names a peer.
   virtual std::string describePeer(int peer) const = 0;
 

@@ -1,0 +1,84 @@
+// Allreduce through shared memory, chunk by chunk (C bytes at most per step). Every element is
+// reduced in rank order 0, 1, ..., P-1 by exactly one rank, so every rank ends with the same bits.
+//
+// Small chunks (S <= kReduceAllBytes), one synchronisation: every rank copies its chunk into its
+// buffer and posts; once all have posted, every rank reduces all P buffers, in rank order, into
+// its own output; marks the step consumed.
+//   Cost per rank: R = P*S, W = 2*S (copy-in, output); 1 synchronisation.
+//
+// Large chunks, reduce-scatter then allgather in place, two synchronisations per chunk:
+//   1. copy the chunk into this rank's buffer; post;
+//   2. once all have posted: reduce this rank's slice (1/P of the chunk, partBegin) over all
+//      buffers into this rank's own buffer, in place; mark reduced;
+//   3. once all have reduced: copy every rank's reduced slice out of its buffer into the output;
+//      mark consumed. Two buffers per rank let step 1 of chunk k+1 overlap steps 2-3 of chunk k
+//      on the slower ranks.
+//   Cost per rank: R = S (copy-in) + S (slices of all buffers) + S (copy-out) = 3S,
+//   W = S + S/P + S; 2 synchronisations per chunk. Reduction work per rank: S/P * (P-1).
+#include "cpu/shm/shm_algorithms.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace ddplite::cpu::shm {
+
+namespace {
+
+constexpr size_t kReduceAllBytes = 16 * 1024;
+
+void reduceAll(ShmGroup& group, const AlgorithmArgs& args, char* out, size_t count, uint32_t step) {
+  const size_t bytes = count * args.elementSize;
+  std::memcpy(out, group.buffer(0, step), bytes);
+  for (int owner = 1; owner < group.size(); ++owner) args.reduce(out, group.buffer(owner, step), count);
+}
+
+void reduceScatterAllgather(ShmGroup& group, const AlgorithmArgs& args, char* out, size_t count, uint32_t step) {
+  const int size = group.size();
+  const int rank = group.rank();
+  const size_t es = args.elementSize;
+  const size_t begin = partBegin(count, size, rank);
+  const size_t sliceCount = partBegin(count, size, rank + 1) - begin;
+  char* mine = group.buffer(rank, step) + begin * es;
+  if (sliceCount > 0) {
+    // in rank order: the ranks below this one are folded in front of this rank's own values
+    // by reducing into a copy of buffer 0's slice
+    std::memcpy(out + begin * es, group.buffer(0, step) + begin * es, sliceCount * es);
+    for (int owner = 1; owner < size; ++owner) {
+      args.reduce(out + begin * es, group.buffer(owner, step) + begin * es, sliceCount);
+    }
+    std::memcpy(mine, out + begin * es, sliceCount * es);
+  }
+  group.markReduced(step);
+  group.waitAllReduced(step, args.deadline);
+  for (int owner = 0; owner < size; ++owner) {
+    if (owner == rank) continue;
+    const size_t first = partBegin(count, size, owner);
+    const size_t n = partBegin(count, size, owner + 1) - first;
+    std::memcpy(out + first * es, group.buffer(owner, step) + first * es, n * es);
+  }
+}
+
+}  // namespace
+
+void allreduce(ShmGroup& group, const AlgorithmArgs& args) {
+  const size_t es = args.elementSize;
+  const size_t total = args.count * es;
+  const size_t chunkCount = std::max<size_t>(1, group.chunkBytes() / es);
+  const bool small = total <= kReduceAllBytes;
+  for (size_t first = 0; first < args.count; first += chunkCount) {
+    const size_t count = std::min(chunkCount, args.count - first);
+    char* out = args.data + first * es;
+    const uint32_t step = group.beginStep(args.deadline);
+    std::memcpy(group.buffer(group.rank(), step), out, count * es);
+    group.post(step, count * es);
+    group.waitAllPosted(step, count * es, args.deadline);
+    if (small) {
+      reduceAll(group, args, out, count, step);
+    } else {
+      reduceScatterAllgather(group, args, out, count, step);
+    }
+    group.markConsumed(step);
+  }
+}
+
+}  // namespace ddplite::cpu::shm

@@ -1,0 +1,221 @@
+#include "cpu/shm/shm_group.hpp"
+
+#include "common/errors.hpp"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <ctime>
+
+namespace ddplite::cpu {
+
+namespace {
+
+constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kSleepSlice = std::chrono::milliseconds(20);
+constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
+constexpr size_t kAlignment = 64;
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex flags must be plain 32-bit words");
+
+// Whether a flag value has reached `target`, modulo 2^32 (steps wrap after 4 billion chunks).
+bool reached(uint32_t value, uint32_t target) {
+  return static_cast<int32_t>(value - target) >= 0;
+}
+
+void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// Shared (not FUTEX_PRIVATE): the word lives in memory mapped by several processes.
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  timespec relative{static_cast<time_t>(timeout.count() / 1000000000), static_cast<long>(timeout.count() % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &relative, nullptr, 0);
+}
+
+void futexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+size_t roundUp(size_t value, size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+const char* flagVerb(int which) {
+  switch (which) {
+    case 0: return "post its data for";
+    case 1: return "reduce its slice of";
+    default: return "finish reading";
+  }
+}
+
+}  // namespace
+
+// One rank's flags and fingerprints. The segment starts zero-filled (posix_fallocate), which is
+// every flag at 0 ("no step yet") and `sleepers` at 0.
+struct alignas(kAlignment) ShmGroup::RankControl {
+  std::atomic<uint32_t> flags[3];   // indexed by Flag: posted, reduced, consumed
+  std::atomic<uint32_t> sleepers;   // waiters of any process blocked on this rank's flags
+  uint32_t pid;                     // written once at set-up, before the store exchange
+  uint32_t reserved[3];
+  WireHeader headers[2];            // fingerprint of the step with that parity; written before `posted`
+};
+
+std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
+                                           size_t chunkBytes, std::string* whyNot) {
+  chunkBytes = roundUp(chunkBytes, kAlignment);
+  const size_t bytes = roundUp(sizeof(RankControl) * size, kAlignment) + 2 * chunkBytes * size;
+  ShmSegment::Outcome outcome = ShmSegment::create(rendezvous, rank, size, bytes);
+  if (!outcome.segment) {
+    *whyNot = outcome.whyNot;
+    return nullptr;
+  }
+  std::unique_ptr<ShmGroup> group(new ShmGroup(std::move(outcome.segment), liveness, rank, size, chunkBytes));
+  group->control(rank).pid = static_cast<uint32_t>(getpid());
+  // Every rank's pid is visible to the others after this store round trip.
+  rendezvous.set(strCat("shm/ready/", rank), "1");
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer != rank) rendezvous.get(strCat("shm/ready/", peer), strCat("rank ", peer, " to map shared memory"));
+  }
+  return group;
+}
+
+ShmGroup::ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int rank, int size, size_t chunkBytes)
+    : segment_(std::move(segment)), liveness_(liveness), rank_(rank), size_(size), chunkBytes_(chunkBytes) {}
+
+ShmGroup::~ShmGroup() = default;
+
+ShmGroup::RankControl& ShmGroup::control(int owner) const {
+  return reinterpret_cast<RankControl*>(segment_->base())[owner];
+}
+
+std::atomic<uint32_t>& ShmGroup::flag(int owner, Flag which) const {
+  return control(owner).flags[static_cast<int>(which)];
+}
+
+char* ShmGroup::buffer(int owner, uint32_t step) const {
+  const size_t controls = roundUp(sizeof(RankControl) * size_, kAlignment);
+  return segment_->base() + controls + (static_cast<size_t>(owner) * 2 + (step & 1)) * chunkBytes_;
+}
+
+void ShmGroup::beginCollective(const Fingerprint& fingerprint) {
+  nextPart_ = fingerprint.seq == lastSeq_ ? static_cast<uint8_t>(nextPart_ + 1) : 0;
+  lastSeq_ = fingerprint.seq;
+  current_ = fingerprint;
+  current_.part = nextPart_;
+}
+
+uint32_t ShmGroup::beginStep(Deadline deadline) {
+  const uint32_t step = ++step_;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) waitFor(peer, Flag::kConsumed, step - 2, deadline);
+  }
+  return step;
+}
+
+void ShmGroup::publish(Flag which, uint32_t step) {
+  std::atomic<uint32_t>& word = flag(rank_, which);
+  word.store(step, std::memory_order_seq_cst);
+  if (control(rank_).sleepers.load(std::memory_order_seq_cst) > 0) futexWakeAll(&word);
+}
+
+void ShmGroup::post(uint32_t step, uint64_t stepBytes) {
+  control(rank_).headers[step & 1] = encodeHeader(current_, stepBytes);
+  publish(Flag::kPosted, step);
+}
+
+void ShmGroup::markReduced(uint32_t step) {
+  publish(Flag::kReduced, step);
+}
+
+void ShmGroup::markConsumed(uint32_t step) {
+  publish(Flag::kConsumed, step);
+}
+
+void ShmGroup::waitPosted(int peer, uint32_t step, uint64_t stepBytes, Deadline deadline) {
+  waitFor(peer, Flag::kPosted, step, deadline);
+  // The peer cannot overwrite this header before this rank consumes `step` (beginStep).
+  const WireHeader& header = control(peer).headers[step & 1];
+  if (!agrees(header, current_, stepBytes)) {
+    const WireHeader copy = header;
+    throw TransportError(TransportError::Kind::kMismatch, peer,
+                         headerMismatch(copy, current_, stepBytes, describePeer(peer)));
+  }
+}
+
+void ShmGroup::waitAllPosted(uint32_t step, uint64_t stepBytes, Deadline deadline) {
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) waitPosted(peer, step, stepBytes, deadline);
+  }
+}
+
+void ShmGroup::waitAllReduced(uint32_t step, Deadline deadline) {
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) waitFor(peer, Flag::kReduced, step, deadline);
+  }
+}
+
+void ShmGroup::waitFor(int peer, Flag which, uint32_t target, Deadline deadline) {
+  std::atomic<uint32_t>& word = flag(peer, which);
+  if (reached(word.load(std::memory_order_acquire), target)) return;
+  const auto spinUntil = Clock::now() + kSpin;
+  for (unsigned i = 1;; ++i) {
+    cpuRelax();
+    if (reached(word.load(std::memory_order_acquire), target)) return;
+    if (i % 64 == 0 && Clock::now() >= spinUntil) break;
+  }
+  std::atomic<uint32_t>& sleepers = control(peer).sleepers;
+  auto nextLivenessCheck = Clock::now();
+  while (true) {
+    if (aborted_.load(std::memory_order_acquire)) {
+      throw TransportError(TransportError::Kind::kAborted, peer, "the process group was aborted");
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) throwTimeout(peer, which, target);
+    if (now >= nextLivenessCheck) {
+      if (liveness_.peerHungUp(peer)) {
+        throw TransportError(TransportError::Kind::kPeerClosed, peer,
+                             strCat(describePeer(peer), " closed the connection while this rank waited for it to ",
+                                    flagVerb(static_cast<int>(which)), " step ", target,
+                                    " in shared memory; that rank probably exited or crashed"));
+      }
+      nextLivenessCheck = now + kLivenessInterval;
+    }
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t seen = word.load(std::memory_order_seq_cst);
+    if (!reached(seen, target)) {
+      futexWait(&word, seen, std::min<std::chrono::nanoseconds>(kSleepSlice, deadline - now));
+    }
+    sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(word.load(std::memory_order_acquire), target)) return;
+  }
+}
+
+void ShmGroup::throwTimeout(int peer, Flag which, uint32_t target) const {
+  throw TransportError(TransportError::Kind::kTimeout, peer,
+                       strCat("timed out waiting for ", describePeer(peer), " to ", flagVerb(static_cast<int>(which)),
+                              " step ", target, " of ", current_.describe(), " (it is at step ",
+                              flag(peer, Flag::kPosted).load(), "; this rank at ", step_, ")"));
+}
+
+void ShmGroup::abort() {
+  if (aborted_.exchange(true)) return;
+  for (int owner = 0; owner < size_; ++owner) {
+    for (auto& word : control(owner).flags) futexWakeAll(&word);
+  }
+}
+
+std::string ShmGroup::describePeer(int peer) const {
+  if (peer < 0 || peer >= size_) return strCat("rank ", peer);
+  return strCat("rank ", peer, " (pid ", control(peer).pid, ", shared memory on this host)");
+}
+
+}  // namespace ddplite::cpu

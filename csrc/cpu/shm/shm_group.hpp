@@ -1,0 +1,104 @@
+// The shared-memory state of one process group whose ranks share a host, and the step protocol
+// the shared-memory algorithms (shm_algorithms.hpp) are written against.
+//
+// Layout of the segment (segment.hpp): one RankControl per rank (its own cache lines), then per
+// rank two slot buffers of chunkBytes() each. Only the owner writes its control block and its
+// buffers' contents (except the in-place reduction of its own slice, also by the owner).
+//
+// Steps. Every chunk of every shared-memory collective is one step, numbered 1, 2, ... in the
+// same order on every rank (the group runs one collective at a time, on the worker thread).
+// Step s uses buffer (s & 1) of every rank. Per rank, three monotone 32-bit flags say how far it
+// got (compared modulo 2^32):
+//   posted:   its input for step s is in its buffer, and its fingerprint for step s is written;
+//   reduced:  it has reduced its slice of step s in place (allreduce, large chunks);
+//   consumed: it no longer reads any rank's buffer of step s.
+// A rank may write its buffer for step s only once every rank has consumed step s-2 (beginStep):
+// two buffers let copy-in of one chunk overlap the peers' reading of the previous one.
+//
+// Memory ordering. The owner writes its buffer and fingerprint, then stores the flag with
+// seq_cst (a release store would do for the data; seq_cst also orders it before the load of
+// `sleepers`, so a waiter about to block is never missed: the waiter increments `sleepers`
+// with seq_cst, then re-reads the flag with seq_cst before futex-waiting on it, and futex_wait
+// itself re-checks the value). Readers load flags with acquire (seq_cst on the blocking path)
+// before touching the data they guard.
+//
+// Waiting: spin with a pause instruction for kSpinMicros, then futex-wait in slices of at most
+// 20 ms; between slices check the deadline, abort() and, every 100 ms, the peer's TCP
+// connection (a rank that died closed it), so a crash is reported within about 0.1 s and a rank
+// that never arrives at the op's timeout, as on the TCP path.
+//
+// Threading: everything but abort() on the worker thread; abort() from any thread.
+#pragma once
+
+#include "cpu/shm/segment.hpp"
+#include "cpu/transport/transport.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ddplite::cpu {
+
+class ShmGroup {
+ public:
+  // Collective over the group (through the store). Null with *whyNot when the ranks cannot
+  // share memory (another host, /dev/shm full, ...). `liveness` is the group's TCP mesh: a
+  // closed connection is how a dead peer is noticed.
+  static std::unique_ptr<ShmGroup> create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
+                                          size_t chunkBytes, std::string* whyNot);
+  ~ShmGroup();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t chunkBytes() const { return chunkBytes_; }
+  const std::string& segmentName() const { return segment_->name(); }
+
+  // The collective the next steps belong to; its part is numbered like the TCP path's (a
+  // coalesced op runs several collectives under one sequence number).
+  void beginCollective(const Fingerprint& fingerprint);
+  // Starts the next step and returns its number, once this rank's buffer for it is free.
+  uint32_t beginStep(Deadline deadline);
+  // Rank `owner`'s buffer for `step`.
+  char* buffer(int owner, uint32_t step) const;
+
+  // This rank's flags (the fingerprint of the current step is published with `posted`).
+  void post(uint32_t step, uint64_t stepBytes);
+  void markReduced(uint32_t step);
+  void markConsumed(uint32_t step);
+
+  // Waits until `peer` posted `step` and checks that it is in the same collective (same
+  // fingerprint, same step length): else TransportError(kMismatch).
+  void waitPosted(int peer, uint32_t step, uint64_t stepBytes, Deadline deadline);
+  void waitAllPosted(uint32_t step, uint64_t stepBytes, Deadline deadline);
+  void waitAllReduced(uint32_t step, Deadline deadline);
+
+  // Wakes every waiter; blocked and later waits throw TransportError(kAborted). Any thread.
+  void abort();
+
+  std::string describePeer(int peer) const;
+
+ private:
+  struct RankControl;
+  enum class Flag { kPosted, kReduced, kConsumed };
+
+  ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int rank, int size, size_t chunkBytes);
+  RankControl& control(int owner) const;
+  std::atomic<uint32_t>& flag(int owner, Flag which) const;
+  void publish(Flag which, uint32_t step);
+  void waitFor(int peer, Flag which, uint32_t target, Deadline deadline);
+  [[noreturn]] void throwTimeout(int peer, Flag which, uint32_t target) const;
+
+  std::unique_ptr<ShmSegment> segment_;
+  Transport& liveness_;
+  const int rank_;
+  const int size_;
+  const size_t chunkBytes_;
+  std::atomic<bool> aborted_{false};
+  uint32_t step_ = 0;
+  Fingerprint current_;  // of the step in progress
+  uint64_t lastSeq_ = 0;
+  uint8_t nextPart_ = 0;
+};
+
+}  // namespace ddplite::cpu

@@ -1,0 +1,64 @@
+"""Rank functions for tests/test_shm.py (the shared-memory path, DDPLITE_CPU_TRANSPORT=shm)."""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def segments():
+    """ddplite's segments in /dev/shm now (names start with ddplite-)."""
+    return sorted(name for name in os.listdir("/dev/shm") if name.startswith("ddplite-"))
+
+
+def transport_name(rank, world_size):
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    from torch_ddp_lite import _load_extension
+
+    return {"transport": _load_extension().group_transport(backend)[0], "segments": segments()}
+
+
+def mismatched_sizes(rank, world_size, kind):
+    """Rank 0 runs a different collective (or size) than the others: every rank must raise, none
+    may return numbers made of another collective's bytes."""
+    outcome = {}
+    try:
+        if kind == "sizes":
+            tensor = torch.ones(8 if rank == 0 else 16)
+            dist.all_reduce(tensor)
+        elif kind == "ops":
+            tensor = torch.ones(8)
+            if rank == 0:
+                dist.broadcast(tensor, src=0)
+            else:
+                dist.all_reduce(tensor)
+        else:  # dtypes
+            tensor = torch.ones(8, dtype=torch.float32 if rank == 0 else torch.int32)
+            dist.all_reduce(tensor)
+        outcome["value"] = tensor.tolist()
+    except Exception as error:  # noqa: BLE001
+        outcome["raised"] = type(error).__name__
+        outcome["message"] = str(error)
+    try:  # whatever happened, the group is broken now: the next collective fails on every rank
+        dist.all_reduce(torch.ones(4))
+        outcome["next"] = "returned"
+    except Exception as error:  # noqa: BLE001
+        outcome["next"] = str(error)
+    return outcome
+
+
+def killed_mid_allreduce(rank, world_size, victim, elements):
+    """Large allreduces in a loop; the victim kill -9s itself while the others are mid-op."""
+    tensor = torch.ones(elements)
+    for step in range(50):
+        if rank == victim and step == 3:
+            time.sleep(0.2)  # the others are now waiting inside step 3's allreduce
+            os.kill(os.getpid(), 9)
+        start = time.monotonic()
+        try:
+            dist.all_reduce(tensor)
+        except Exception as error:  # noqa: BLE001
+            return {"type": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start,
+                    "segments": segments()}
+    return {"type": None}

@@ -1,0 +1,149 @@
+"""The shared-memory path (DDPLITE_CPU_TRANSPORT=shm; csrc/cpu/shm/): allreduce, broadcast and
+barrier through one segment per group, everything else over TCP in the same group.
+
+Sweeps against the closed form and gloo (tests/sweeps.py) with a 4 KiB chunk, so that 1000 and
+5000 elements span several chunks and both allreduce variants (reduce-all below 16 KiB,
+reduce-scatter + allgather above) run; faults; mismatches; and nothing left in /dev/shm.
+"""
+
+import os
+import time
+
+import pytest
+import torch
+
+import shm_workers
+import sweeps
+import workers
+from harness import RankFailed, run_ranks
+
+SHM = {"DDPLITE_CPU_TRANSPORT": "shm", "DDPLITE_SHM_CHUNK_BYTES": "4096"}
+COUNTS = [0, 1, 3, 1000, 5000]
+
+
+@pytest.fixture(autouse=True)
+def no_segment_left_behind():
+    """Every test here must leave /dev/shm as it found it (normal exit, exception, kill -9)."""
+    before = set(shm_workers.segments())
+    yield
+    deadline = time.monotonic() + 5
+    while set(shm_workers.segments()) - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set(shm_workers.segments()) - before == set(), "segments left in /dev/shm"
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("collective", ["allreduce", "allreduce_coalesced", "broadcast", "reduce_scatter"])
+def test_sweep_on_shared_memory(collective, world_size):
+    """allreduce / coalesced / broadcast through shared memory; reduce_scatter over TCP in the
+    same group (the two paths interleave)."""
+    results = run_ranks(sweeps.SWEEPS[collective], world_size, COUNTS, env=SHM, timeout_s=300)
+    for rank, result in enumerate(results):
+        assert result["failures"] == [], "\n".join(result["failures"][:20])
+        assert result["checked"] >= len(workers.DTYPES) * len(COUNTS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_large_allreduce_and_broadcast_on_shared_memory(world_size):
+    """2^20+1 elements through the default 512 KiB chunk (many chunks, both buffers in turn)."""
+    env = {"DDPLITE_CPU_TRANSPORT": "shm"}
+    for collective in ("allreduce", "broadcast"):
+        results = run_ranks(sweeps.SWEEPS[collective], world_size, sweeps.LARGE_COUNTS,
+                            [torch.float32, torch.int64, torch.bfloat16], env=env, timeout_s=600)
+        for result in results:
+            assert result["failures"] == [], "\n".join(result["failures"][:20])
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_group_says_it_uses_shared_memory_and_unlinked_its_segment(world_size):
+    results = run_ranks(shm_workers.transport_name, world_size, env=SHM)
+    for result in results:
+        assert result["transport"] == "shm"
+    # unlinked once every rank attached: the group is alive, its name is gone
+    assert all(set(result["segments"]) <= set(results[0]["segments"]) for result in results)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_barrier_synchronises_on_shared_memory(world_size, tmp_path):
+    for late_rank in (0, world_size - 1):
+        folder = tmp_path / f"late{late_rank}"
+        folder.mkdir()
+        results = run_ranks(workers.barrier_synchronises, world_size, str(folder), late_rank, 1.0, env=SHM)
+        for rank, result in enumerate(results):
+            assert result["missing"] == [], (rank, result)
+            assert result["waited_s"] >= 0.9, (rank, result)
+
+
+@pytest.mark.parametrize("kind", ["sizes", "ops", "dtypes"])
+def test_mismatched_collectives_raise_instead_of_mixing_bytes(kind):
+    """No rank returns a value made of another collective's bytes. A broadcast root only posts
+    its data, so it may return (its own input, unchanged: as on TCP, where its send completes);
+    then its next collective fails."""
+    results = run_ranks(shm_workers.mismatched_sizes, 2, kind, env=SHM, pg_timeout_s=20)
+    for rank, result in enumerate(results):
+        if kind == "ops" and rank == 0 and "value" in result:
+            assert result["value"] == [1.0] * 8
+        else:
+            assert "value" not in result, (rank, result)
+            assert result["raised"] == "DistBackendError", result
+            assert "collective mismatch" in result["message"] and "shared memory" in result["message"], result
+        assert result["next"] != "returned", (rank, result)
+
+
+@pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 0), (4, 2)])
+def test_rank_killed_mid_allreduce_is_reported_within_seconds(world_size, victim):
+    """kill -9 of a rank while the others wait inside a large shared-memory allreduce (group
+    timeout 60 s): every survivor raises a DistBackendError naming it within a few seconds, and
+    no segment is left (the fixture)."""
+    results = run_ranks(shm_workers.killed_mid_allreduce, world_size, victim, 300_000, env=SHM, pg_timeout_s=60,
+                        timeout_s=120, may_exit={victim})
+    for rank, result in enumerate(results):
+        if rank == victim:
+            continue
+        assert result["type"] == "DistBackendError", result
+        assert f"rank {victim}" in result["message"], result["message"]
+        assert "closed the connection" in result["message"], result["message"]
+        assert result["seconds"] < 5.0, result
+
+
+def test_rank_that_never_arrives_is_named_at_the_timeout():
+    results = run_ranks(workers.peer_never_arrives, 2, env=SHM, pg_timeout_s=2, timeout_s=60)
+    outcome = results[0]
+    assert "timed out waiting for rank 1" in outcome["message"], outcome["message"]
+    assert "shared memory" in outcome["message"] and "ddplite rank 0/2, allreduce #1" in outcome["message"]
+    assert 1.9 < outcome["elapsed"] < 4
+    assert "unusable after an earlier failure" in outcome["second"]
+
+
+def test_abort_wakes_the_peer_waiting_in_shared_memory():
+    results = run_ranks(workers.abort_fails_pending_and_later_ops, 2, env=SHM, pg_timeout_s=30)
+    assert results[0]["raised"] == "DistBackendError" and "abort() was called on rank 0" in results[0]["message"]
+    assert results[1]["raised"] == "DistBackendError" and "rank 0" in results[1]["message"]
+
+
+def test_segment_that_cannot_be_created_is_a_clear_error_when_pinned():
+    """A segment larger than /dev/shm (simulated with a huge chunk): every rank's init raises,
+    naming the reason; nothing is left behind (the fixture)."""
+    env = dict(SHM, DDPLITE_SHM_CHUNK_BYTES=str(1 << 42))
+    with pytest.raises(RankFailed) as failure:
+        run_ranks(shm_workers.transport_name, 2, env=env)
+    text = str(failure.value)
+    for rank in (0, 1):
+        assert f"ddplite rank {rank}/2, init #0: DDPLITE_CPU_TRANSPORT=shm, but this group cannot use shared memory" \
+            in text, text
+    assert "reserving" in text and "/dev/shm" in text, text
+
+
+def test_two_jobs_at_once_never_share_a_segment():
+    """Two 2-rank jobs on the same machine at the same time, each checked against its closed form."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(_one_job, [0, 1]))
+    assert outcomes == ["ok", "ok"], outcomes
+
+
+def _one_job(job):
+    results = run_ranks(sweeps.SWEEPS["allreduce"], 2, [1000, 5000], [torch.float32, torch.int64], env=SHM)
+    return "ok" if all(result["failures"] == [] for result in results) else str(results)
