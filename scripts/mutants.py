@@ -111,10 +111,10 @@ MUTANTS = [
            "const int keepLow = lower ? low : middle;",
            "const int keepLow = lower ? middle : low;",
            "recursive halving keeps the half it gave away"),
-    Mutant("scatter_root_span", "cpu/algorithms/exchange_direct.cpp",
-           "const Span& into = args.recvSpans[args.root];",
-           "const Span& into = args.recvSpans[rank];",
-           "scatter: a non-root rank receives into the wrong span"),
+    Mutant("scatter_sends_wrong_span", "cpu/algorithms/exchange_direct.cpp",
+           "    const Span& from = args.sendSpans[peer];\n    transport.send(peer,",
+           "    const Span& from = args.sendSpans[(peer + 1) % transport.size()];\n    transport.send(peer,",
+           "scatter: the root sends each rank the span meant for the next one"),
 ]
 
 

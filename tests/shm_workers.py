@@ -33,6 +33,9 @@ def mismatched_sizes(rank, world_size, kind):
                 dist.broadcast(tensor, src=0)
             else:
                 dist.all_reduce(tensor)
+        elif kind == "roots":  # every rank believes it is the root
+            tensor = torch.full((8,), float(rank))
+            dist.broadcast(tensor, src=rank)
         else:  # dtypes
             tensor = torch.ones(8, dtype=torch.float32 if rank == 0 else torch.int32)
             dist.all_reduce(tensor)
@@ -62,3 +65,21 @@ def killed_mid_allreduce(rank, world_size, victim, elements):
             return {"type": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start,
                     "segments": segments()}
     return {"type": None}
+
+
+def init_with_small_file_limit(rank, world_size, store_path):
+    """Rank 0 may not grow files beyond 64 KiB (RLIMIT_FSIZE; SIGXFSZ ignored), which makes its
+    posix_fallocate of the segment fail as a full /dev/shm would. Returns init's error, if any."""
+    import resource
+    import signal
+    from datetime import timedelta
+
+    if rank == 0:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+    try:
+        dist.init_process_group("ddplite", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=30))
+    except Exception as error:  # noqa: BLE001
+        return {"raised": type(error).__name__, "message": str(error), "segments": segments()}
+    return {"raised": None}

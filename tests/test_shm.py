@@ -75,7 +75,7 @@ def test_barrier_synchronises_on_shared_memory(world_size, tmp_path):
             assert result["waited_s"] >= 0.9, (rank, result)
 
 
-@pytest.mark.parametrize("kind", ["sizes", "ops", "dtypes"])
+@pytest.mark.parametrize("kind", ["sizes", "ops", "dtypes", "roots"])
 def test_mismatched_collectives_raise_instead_of_mixing_bytes(kind):
     """No rank returns a value made of another collective's bytes. A broadcast root only posts
     its data, so it may return (its own input, unchanged: as on TCP, where its send completes);
@@ -122,17 +122,24 @@ def test_abort_wakes_the_peer_waiting_in_shared_memory():
     assert results[1]["raised"] == "DistBackendError" and "rank 0" in results[1]["message"]
 
 
-def test_segment_that_cannot_be_created_is_a_clear_error_when_pinned():
-    """A segment larger than /dev/shm (simulated with a huge chunk): every rank's init raises,
-    naming the reason; nothing is left behind (the fixture)."""
-    env = dict(SHM, DDPLITE_SHM_CHUNK_BYTES=str(1 << 42))
-    with pytest.raises(RankFailed) as failure:
-        run_ranks(shm_workers.transport_name, 2, env=env)
-    text = str(failure.value)
-    for rank in (0, 1):
+def test_segment_that_cannot_be_created_is_a_clear_error_when_pinned(tmp_path):
+    """Rank 0 cannot reserve the segment (a file-size limit stands in for a full /dev/shm):
+    every rank's init raises, naming the reason; nothing is left behind (the fixture)."""
+    env = dict(SHM, DDPLITE_SHM_CHUNK_BYTES=str(1 << 20))  # a 4 MiB segment against a 64 KiB limit
+    results = run_ranks(shm_workers.init_with_small_file_limit, 2, str(tmp_path / "store"), env=env, backend=None)
+    for rank, result in enumerate(results):
+        assert result["raised"] == "DistBackendError", result
         assert f"ddplite rank {rank}/2, init #0: DDPLITE_CPU_TRANSPORT=shm, but this group cannot use shared memory" \
-            in text, text
-    assert "reserving" in text and "/dev/shm" in text, text
+            in result["message"], result["message"]
+        assert "reserving" in result["message"] and "File too large" in result["message"], result["message"]
+        assert "unset DDPLITE_CPU_TRANSPORT" in result["message"]
+
+
+def test_chunk_knob_is_bounded():
+    with pytest.raises(RankFailed) as failure:
+        run_ranks(shm_workers.transport_name, 2, env=dict(SHM, DDPLITE_SHM_CHUNK_BYTES=str(1 << 42)))
+    assert "DDPLITE_SHM_CHUNK_BYTES='4398046511104' is not a valid value; use a whole number of bytes >= 4096 " \
+        "and <= 1073741824" in str(failure.value)
 
 
 def test_two_jobs_at_once_never_share_a_segment():

@@ -33,6 +33,7 @@ constexpr int64_t kMinimumChunkBytes = 64;
 constexpr int64_t kDefaultSocketBufferBytes = 0;
 constexpr int64_t kDefaultShmChunkBytes = 512 << 10;
 constexpr int64_t kMinimumShmChunkBytes = 4096;
+constexpr int64_t kMaximumShmChunkBytes = int64_t{1} << 30;
 const std::initializer_list<const char*> kLogLevels = {"WARN", "INFO", "TRACE"};
 const std::initializer_list<const char*> kTransports = {"tcp", "mpi", "shm"};
 const std::initializer_list<const char*> kStagings = {"auto", "always", "never"};
@@ -69,15 +70,17 @@ int readChoice(const char* name, std::initializer_list<const char*> choices) {
   invalid(name, value, choicesText(choices));
 }
 
-// A whole decimal number of bytes >= minimum; `fallback` when unset.
-int64_t readBytes(const char* name, int64_t fallback, int64_t minimum) {
+// A whole decimal number of bytes in [minimum, maximum]; `fallback` when unset.
+int64_t readBytes(const char* name, int64_t fallback, int64_t minimum, int64_t maximum = INT64_MAX) {
   const char* value = rawValue(name);
   if (value == nullptr) return fallback;
   char* end = nullptr;
   errno = 0;
   const long long parsed = std::strtoll(value, &end, 10);
-  if (end == value || *end != '\0' || errno == ERANGE || parsed < minimum) {
-    invalid(name, value, strCat("use a whole number of bytes >= ", minimum, " (the default is ", fallback, ")"));
+  if (end == value || *end != '\0' || errno == ERANGE || parsed < minimum || parsed > maximum) {
+    invalid(name, value,
+            strCat("use a whole number of bytes >= ", minimum, maximum < INT64_MAX ? strCat(" and <= ", maximum) : "",
+                   " (the default is ", fallback, ")"));
   }
   return parsed;
 }
@@ -106,8 +109,8 @@ const std::vector<Knob>& allKnobs() {
        "'shm' (preview: allreduce, broadcast and barrier through shared memory when all ranks of a group "
        "share a host, the rest over tcp). Must be the same on every rank"},
       {kShmChunkBytes, std::to_string(kDefaultShmChunkBytes),
-       strCat("Shared-memory path: bytes per rank and buffer moved per step (two buffers per rank; >= ",
-              kMinimumShmChunkBytes, ")")},
+       strCat("Shared-memory path: bytes per rank and buffer moved per step (two buffers per rank; ",
+              kMinimumShmChunkBytes, " to ", kMaximumShmChunkBytes, ")")},
       {kFingerprint, *kSwitch.begin(),
        "1: the first message of every CPU collective to each peer carries a 48-byte fingerprint (sequence "
        "number, op, sizes, dtype, reduce op, root, algorithm), so a rank in another collective is reported at "
@@ -126,7 +129,7 @@ void validateAll() {
   readBytes(kTreeChunkBytes, kDefaultChunkBytes, kMinimumChunkBytes);
   readBytes(kSocketBufferBytes, kDefaultSocketBufferBytes, 0);
   readChoice(kCpuTransport, kTransports);
-  readBytes(kShmChunkBytes, kDefaultShmChunkBytes, kMinimumShmChunkBytes);
+  readBytes(kShmChunkBytes, kDefaultShmChunkBytes, kMinimumShmChunkBytes, kMaximumShmChunkBytes);
   readChoice(kFingerprint, kSwitch);
   readChoice(kCudaStaging, kStagings);
 }
@@ -170,7 +173,7 @@ int64_t socketBufferBytes() {
 }
 
 int64_t shmChunkBytes() {
-  static const int64_t bytes = readBytes(kShmChunkBytes, kDefaultShmChunkBytes, kMinimumShmChunkBytes);
+  static const int64_t bytes = readBytes(kShmChunkBytes, kDefaultShmChunkBytes, kMinimumShmChunkBytes, kMaximumShmChunkBytes);
   return bytes;
 }
 

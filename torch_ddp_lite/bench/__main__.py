@@ -22,7 +22,8 @@ def common_options():
                         help="comma list, the first is compared with the others "
                              "(default: ddplite,gloo on cpu; ddplite,nccl,gloo on cuda). ddplite-mpi is ddplite "
                              "with DDPLITE_CPU_TRANSPORT=mpi (MPI's collectives; launch with mpirun); "
-                             "ddplite-unchecked is ddplite with DDPLITE_FINGERPRINT=0 (to measure the check)")
+                             "ddplite-unchecked is ddplite with DDPLITE_FINGERPRINT=0 (to measure the check); "
+                             "ddplite-shm is ddplite with DDPLITE_CPU_TRANSPORT=shm (shared memory)")
     parser.add_argument("--world-size", type=int, default=2,
                         help="ranks to launch (ignored under torchrun or mpirun, which set it)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -90,7 +91,7 @@ def known_backends(device):
 
     import torch_ddp_lite
 
-    known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-unchecked"]
+    known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-shm", "ddplite-unchecked"]
     if torch_ddp_lite.build_info()["mpi"]:
         known.append("ddplite-mpi")
     if dist.is_mpi_available():

@@ -110,6 +110,7 @@ def _share_cores(world_size):
 BACKEND_VARIANTS = {
     "ddplite-mpi": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "mpi"}),
     "ddplite-tcp": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "tcp"}),
+    "ddplite-shm": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "shm"}),
     "ddplite-unchecked": ("ddplite", {"DDPLITE_FINGERPRINT": "0"}),
 }
 

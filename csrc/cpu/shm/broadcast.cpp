@@ -1,9 +1,10 @@
 // Broadcast through shared memory, chunk by chunk.
 //
-// Steps, for each chunk of at most C bytes: the root copies it into its buffer and posts; every
-// other rank posts (its fingerprint only), waits for the root's post, copies the chunk out of
-// the root's buffer and marks the step consumed. With two buffers the root copies chunk k+1 in
-// while the others still copy chunk k out.
+// Steps, for each chunk of at most C bytes: the root copies it into its buffer and posts (on the
+// first chunk it also waits for every rank's post, to check they are in the same broadcast);
+// every other rank posts (its fingerprint only), waits for the root's post, copies the chunk out
+// of the root's buffer and marks the step consumed. With two buffers the root copies chunk k+1
+// in while the others still copy chunk k out.
 //
 // Cost per rank: root R = W = S; others R = W = S; one synchronisation per chunk.
 #include "cpu/shm/shm_algorithms.hpp"
@@ -22,6 +23,11 @@ void broadcast(ShmGroup& group, const AlgorithmArgs& args) {
     if (group.rank() == args.root) {
       std::memcpy(group.buffer(args.root, step), args.data + offset, bytes);
       group.post(step, bytes);
+      // The root reads no one's data, but it checks on the first chunk that every rank is in
+      // the same broadcast (same root): a rank that believes itself root too would otherwise
+      // keep its own tensor without an error. Later chunks carry the same fingerprint, which
+      // the others check against the root's.
+      if (offset == 0) group.waitAllPosted(step, bytes, args.deadline);
     } else {
       group.post(step, bytes);
       group.waitPosted(args.root, step, bytes, args.deadline);

@@ -86,8 +86,11 @@ std::string ShmSegment::hostIdentity() {
   gethostname(host, sizeof(host) - 1);
   char netns[64] = {};
   const ssize_t n = readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
+  struct stat devShm = {};
+  const bool hasDevShm = stat("/dev/shm", &devShm) == 0;
   return strCat(host, " boot ", firstLineOf("/proc/sys/kernel/random/boot_id"), " netns ",
-                n > 0 ? std::string(netns, static_cast<size_t>(n)) : std::string("?"));
+                n > 0 ? std::string(netns, static_cast<size_t>(n)) : std::string("?"), " shm ",
+                hasDevShm ? std::to_string(devShm.st_dev) : std::string("none"));
 }
 
 ShmSegment::Outcome ShmSegment::create(StoreRendezvous& rendezvous, int rank, int size, size_t bytes) {
@@ -102,10 +105,23 @@ ShmSegment::Outcome ShmSegment::create(StoreRendezvous& rendezvous, int rank, in
                               mine, "')")};
     }
   }
-  // 2. rank 0 creates
+  // 2. rank 0 creates. From here on every exit path, exceptions included (a store wait that
+  // throws because a peer died), unlinks the name unless all ranks attached (then rank 0 does)
+  // and unmaps unless the segment is handed out: shm_unlink of a name already gone is harmless.
   std::string why;
-  char* base = nullptr;
   std::string name;
+  struct Cleanup {
+    std::string* name;
+    char** base;
+    size_t bytes;
+    bool unlink = true;
+    ~Cleanup() {
+      if (unlink && !name->empty()) shm_unlink(name->c_str());
+      if (*base != nullptr) munmap(*base, bytes);
+    }
+  };
+  char* base = nullptr;
+  Cleanup cleanup{&name, &base, bytes};
   if (rank == 0) {
     name = "/ddplite-" + randomNonce();
     base = createAndMap(name, bytes, &why);
@@ -113,19 +129,14 @@ ShmSegment::Outcome ShmSegment::create(StoreRendezvous& rendezvous, int rank, in
     if (base == nullptr) return {nullptr, why};
   } else {
     const std::string published = rendezvous.get("shm/name", "rank 0's shared-memory segment");
-    if (published.rfind("ok ", 0) != 0) return {nullptr, strCat("on rank 0: ", published.substr(7))};
+    if (published.rfind("ok ", 0) != 0) {
+      return {nullptr, strCat("on rank 0: ", published.rfind("failed ", 0) == 0 ? published.substr(7) : published)};
+    }
     name = published.substr(3);
     base = attachAndMap(name, bytes, &why);
   }
-  // 3. everyone reports; 4. rank 0 unlinks once every rank has attached or failed to, and on
-  // the way out of an exception (a peer that died makes the store wait throw).
-  struct UnlinkOnExit {
-    const std::string& name;
-    bool owner;
-    ~UnlinkOnExit() {
-      if (owner) shm_unlink(name.c_str());
-    }
-  } unlinkOnExit{name, rank == 0};
+  // 3. everyone reports; 4. once every rank has attached, rank 0 unlinks (the others leave the
+  // name alone); if any failed, everyone unlinks and unmaps.
   rendezvous.set(strCat("shm/attach/", rank), base != nullptr ? "ok" : why);
   std::string firstFailure;
   for (int peer = 0; peer < size; ++peer) {
@@ -134,12 +145,12 @@ ShmSegment::Outcome ShmSegment::create(StoreRendezvous& rendezvous, int rank, in
                      : rendezvous.get(strCat("shm/attach/", peer), strCat("rank ", peer, " attaching shared memory"));
     if (report != "ok" && firstFailure.empty()) firstFailure = strCat("rank ", peer, ": ", report);
   }
-  if (!firstFailure.empty()) {
-    if (base != nullptr) munmap(base, bytes);
-    return {nullptr, firstFailure};
-  }
+  if (!firstFailure.empty()) return {nullptr, firstFailure};
+  cleanup.unlink = rank == 0;
+  char* mapped = base;
+  base = nullptr;  // handed to the segment: not unmapped here
   DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " shares ", bytes, " bytes of memory with its group (", name, ")");
-  return {std::unique_ptr<ShmSegment>(new ShmSegment(base, bytes, name)), ""};
+  return {std::unique_ptr<ShmSegment>(new ShmSegment(mapped, bytes, name)), ""};
 }
 
 ShmSegment::~ShmSegment() {

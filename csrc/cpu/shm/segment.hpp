@@ -9,8 +9,10 @@
 //   3. every other rank attaches and publishes "ok" or its reason;
 //   4. once all have attached, rank 0 unlinks the name: from then on the memory lives only as
 //      long as a rank maps it, so nothing is left in /dev/shm after an exit, an exception or a
-//      kill -9. Only a crash of rank 0 between 2 and 4 (a set-up window of milliseconds) can
-//      leave a file behind; rank 0 unlinks on every set-up failure it survives.
+//      kill -9. Every rank unlinks on any set-up failure or exception it survives (a peer that
+//      died makes the store waits throw). What remains: a process killed (SIGKILL, or SIGTERM
+//      without Python's handlers) between 2 and 4, normally milliseconds, but as long as the
+//      store's timeout when a peer dies before attaching.
 // The nonce makes names unique per run and group: two jobs or two groups never share a segment.
 #pragma once
 
@@ -42,8 +44,9 @@ class ShmSegment {
   size_t bytes() const { return bytes_; }
   const std::string& name() const { return name_; }
 
-  // This process's host identity: "<hostname> boot <boot id> netns <inode>". Ranks with equal
-  // identities can share memory (network namespaces stand for hosts in the multi-host tests).
+  // This process's host identity: "<hostname> boot <boot id> netns <inode> shm <device of
+  // /dev/shm>". Ranks with equal identities can share memory (network namespaces stand for hosts
+  // in the multi-host tests; containers with their own /dev/shm differ in its device).
   static std::string hostIdentity();
 
  private:

@@ -19,6 +19,7 @@ constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
 constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
 constexpr size_t kAlignment = 64;
+constexpr size_t kMaxChunkBytes = size_t{1} << 30;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex flags must be plain 32-bit words");
 
@@ -73,6 +74,10 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
                                            size_t chunkBytes, std::string* whyNot) {
   chunkBytes = roundUp(chunkBytes, kAlignment);
   const size_t bytes = roundUp(sizeof(RankControl) * size, kAlignment) + 2 * chunkBytes * size;
+  if (chunkBytes > kMaxChunkBytes) {  // env.cpp caps the knob; this keeps the size arithmetic exact
+    *whyNot = strCat("a chunk of ", chunkBytes, " bytes is over the ", kMaxChunkBytes, "-byte limit");
+    return nullptr;
+  }
   ShmSegment::Outcome outcome = ShmSegment::create(rendezvous, rank, size, bytes);
   if (!outcome.segment) {
     *whyNot = outcome.whyNot;
@@ -129,6 +134,10 @@ void ShmGroup::publish(Flag which, uint32_t step) {
 
 void ShmGroup::post(uint32_t step, uint64_t stepBytes) {
   control(rank_).headers[step & 1] = encodeHeader(current_, stepBytes);
+  // Only some algorithms mark `reduced`; keep it one step behind `posted` so that the modulo-2^32
+  // comparison never meets a flag more than 2^31 steps old. Published by the posted store below
+  // (a reader waits for `reduced` only after it acquired `posted`).
+  flag(rank_, Flag::kReduced).store(step - 1, std::memory_order_relaxed);
   publish(Flag::kPosted, step);
 }
 
@@ -181,7 +190,8 @@ void ShmGroup::waitFor(int peer, Flag which, uint32_t target, Deadline deadline)
     const auto now = Clock::now();
     if (now >= deadline) throwTimeout(peer, which, target);
     if (now >= nextLivenessCheck) {
-      if (liveness_.peerHungUp(peer)) {
+      // a peer may publish its last flag and then exit: look at the flag once more first
+      if (liveness_.peerHungUp(peer) && !reached(word.load(std::memory_order_acquire), target)) {
         throw TransportError(TransportError::Kind::kPeerClosed, peer,
                              strCat(describePeer(peer), " closed the connection while this rank waited for it to ",
                                     flagVerb(static_cast<int>(which)), " step ", target,
