@@ -241,3 +241,26 @@ def test_subcommands_and_default(capsys):
     with pytest.raises(SystemExit):
         bench_main(["ddp", "--help"])
     assert "--models" in capsys.readouterr().out
+
+
+def test_memcpy_reference_and_shared_memory_columns(tmp_path):
+    """--backends ddplite-shm,ddplite-tcp,memcpy: the memcpy reference gets its own JSON rows
+    (algbw == busbw == bytes / time) and column for every op with a size, none for barrier."""
+    json_path = tmp_path / "rows.json"
+    stdout = run_module("torch_ddp_lite.bench", "--ops", "all_reduce,broadcast,barrier", "-b", "1K", "-e", "4K",
+                        "-f", "4", "--world-size", "2", "--backends", "ddplite-shm,ddplite-tcp,memcpy",
+                        "--time-per-point", "0.02", "--min-iters", "2", "--rounds", "2", "--json", str(json_path))
+    rows = json.loads(json_path.read_text())
+    memcpy = [row for row in rows if row["backend"] == "memcpy"]
+    assert sorted((row["op"], row["bytes"]) for row in memcpy) == \
+        [("all_reduce", 1024), ("all_reduce", 4096), ("broadcast", 1024), ("broadcast", 4096)]
+    for row in memcpy:
+        assert row["algbw"] == row["busbw"] == pytest.approx(row["bytes"] / 1e9 / (row["time_us"] / 1e6))
+    assert {row["backend"] for row in rows if row["op"] == "barrier"} == {"ddplite-shm", "ddplite-tcp"}
+    assert "ddplite-shm/memcpy" in stdout and "a barrier moves no bytes" in stdout
+
+
+def test_ddp_bench_refuses_the_memcpy_reference(capsys):
+    with pytest.raises(SystemExit):
+        bench_main(["ddp", "--backends", "ddplite,memcpy"])
+    assert "--backends: memcpy not available here" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import sys
 import torch
 
 from torch_ddp_lite.bench import collectives, ddp
-from torch_ddp_lite.bench.launch import BACKEND_VARIANTS, launcher_ranks, run_ranks
+from torch_ddp_lite.bench.launch import BACKEND_VARIANTS, MEMCPY, launcher_ranks, run_ranks
 from torch_ddp_lite.bench.sweep import OPS, parse_size, size_sweep
 
 
@@ -23,7 +23,9 @@ def common_options():
                              "(default: ddplite,gloo on cpu; ddplite,nccl,gloo on cuda). ddplite-mpi is ddplite "
                              "with DDPLITE_CPU_TRANSPORT=mpi (MPI's collectives; launch with mpirun); "
                              "ddplite-unchecked is ddplite with DDPLITE_FINGERPRINT=0 (to measure the check); "
-                             "ddplite-shm is ddplite with DDPLITE_CPU_TRANSPORT=shm (shared memory)")
+                             "ddplite-shm is ddplite with DDPLITE_CPU_TRANSPORT=shm (shared memory); memcpy is the "
+                             "reference: every rank copies the same bytes between two of its own buffers at once "
+                             "(algbw = busbw = bytes / time)")
     parser.add_argument("--world-size", type=int, default=2,
                         help="ranks to launch (ignored under torchrun or mpirun, which set it)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -91,14 +93,14 @@ def known_backends(device):
 
     import torch_ddp_lite
 
-    known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-shm", "ddplite-unchecked"]
+    known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-shm", "ddplite-unchecked", MEMCPY]
     if torch_ddp_lite.build_info()["mpi"]:
         known.append("ddplite-mpi")
     if dist.is_mpi_available():
         known.append("mpi")
     if device == "cuda":
         known.append("nccl")
-    assert set(known) - {"ddplite", "gloo", "mpi", "nccl"} <= set(BACKEND_VARIANTS)
+    assert set(known) - {"ddplite", "gloo", "mpi", "nccl", MEMCPY} <= set(BACKEND_VARIANTS)
     return known
 
 
@@ -106,6 +108,8 @@ def check_launch(parser, options):
     """--backends names backends that exist here, each once; --world-size is a positive count."""
     if options.backends is not None:
         known = known_backends(options.device)
+        if hasattr(options, "models"):
+            known.remove(MEMCPY)  # the ddp benchmark trains models: no memcpy reference there
         unknown = [name for name in options.backends if name not in known]
         if unknown:
             parser.error(f"--backends: {', '.join(unknown)} not available here; choose from {', '.join(known)} "

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from torch_ddp_lite.bench import report
 from torch_ddp_lite.bench.control import Plan, interleaved_medians, run_everywhere
-from torch_ddp_lite.bench.launch import is_reporting_rank, measured_groups, rank_device, synchronizer
+from torch_ddp_lite.bench.launch import MEMCPY, is_reporting_rank, measured_groups, rank_device, synchronizer
 from torch_ddp_lite.bench.sweep import bandwidths, format_size, op_shape, size_sweep
 
 IN_PLACE_OPS = ("all_reduce", "broadcast", "barrier")
@@ -74,7 +74,12 @@ def probe_backends(op, shape, groups, dtype, device):
     """(backends that ran `op` on every rank, [(backend, why not)] for the others)."""
     supported, notes = [], []
     for backend, group in groups.items():
-        _, failure = run_everywhere(op_call(op, group, *make_buffers(op, shape, dtype, device), synchronizer(device)))
+        if group is None and op == "barrier":
+            notes.append((backend, "a barrier moves no bytes"))
+            continue
+        call = memcpy_call(shape, device) if group is None else \
+            op_call(op, group, *make_buffers(op, shape, dtype, device), synchronizer(device))
+        _, failure = run_everywhere(call)
         if failure is None:
             supported.append(backend)
         else:
@@ -86,15 +91,37 @@ def measure_size(op, shape, groups, dtype, device, plan):
     """{backend: row} for one size."""
     buffers = make_buffers(op, shape, dtype, device)
     sync = synchronizer(device)
-    calls = {backend: op_call(op, group, *buffers, sync) for backend, group in groups.items()}
+    calls = {backend: memcpy_call(shape, device) if group is None else op_call(op, group, *buffers, sync)
+             for backend, group in groups.items()}
     medians = interleaved_medians(calls, plan) if calls else {}
     world_size = dist.get_world_size()
     dtype_name = str(dtype).removeprefix("torch.")
     return {
         backend: report.make_row(op, backend, world_size, device.type, dtype_name, shape, seconds,
-                                 bandwidths(op, shape.nbytes, seconds, world_size))
+                                 memcpy_bandwidths(shape.nbytes, seconds) if backend == MEMCPY
+                                 else bandwidths(op, shape.nbytes, seconds, world_size))
         for backend, seconds in medians.items()
     }
+
+
+def memcpy_call(shape, device):
+    """The memcpy reference: this rank copies the op's size in bytes between two of its own
+    buffers (every rank at once, timed like the collectives)."""
+    source = torch.ones(shape.nbytes, dtype=torch.uint8, device=device)
+    target = torch.zeros_like(source)
+    sync = synchronizer(device)
+
+    def run_once():
+        target.copy_(source)
+        sync()
+
+    return run_once
+
+
+def memcpy_bandwidths(nbytes, seconds):
+    """(algbw, busbw) of the memcpy reference: both bytes copied / time (GB/s)."""
+    algbw = nbytes / 1e9 / seconds
+    return algbw, algbw
 
 
 def make_buffers(op, shape, dtype, device):

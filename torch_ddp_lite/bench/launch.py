@@ -115,10 +115,15 @@ BACKEND_VARIANTS = {
 }
 
 
+# Not a backend: the memcpy reference column (every rank copies the same bytes between two of its
+# own buffers at the same time), the physical yardstick of the CPU collectives.
+MEMCPY = "memcpy"
+
+
 def measured_groups(backends):
-    """{backend: group over all ranks}, one new group per backend (or variant)."""
+    """{backend: group over all ranks}, one new group per backend (or variant); None for memcpy."""
     ranks = list(range(dist.get_world_size()))
-    return {backend: _new_group(ranks, backend) for backend in backends}
+    return {backend: None if backend == MEMCPY else _new_group(ranks, backend) for backend in backends}
 
 
 def _new_group(ranks, backend):
