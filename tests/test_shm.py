@@ -1,5 +1,6 @@
-"""The shared-memory path (DDPLITE_CPU_TRANSPORT=shm; csrc/cpu/shm/): allreduce, broadcast and
-barrier through one segment per group, everything else over TCP in the same group.
+"""The shared-memory path (DDPLITE_CPU_TRANSPORT=shm; csrc/cpu/shm/): allreduce, broadcast, reduce,
+allgather, reduce_scatter and barrier through one segment per group; gather, scatter, all_to_all
+and send/recv over TCP in the same group.
 
 Sweeps against the closed form and gloo (tests/sweeps.py) with a 4 KiB chunk, so that 1000 and
 5000 elements span several chunks and both allreduce variants (reduce-all below 16 KiB,
@@ -33,10 +34,11 @@ def no_segment_left_behind():
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-@pytest.mark.parametrize("collective", ["allreduce", "allreduce_coalesced", "broadcast", "reduce_scatter"])
+@pytest.mark.parametrize("collective", sorted(sweeps.SWEEPS))
 def test_sweep_on_shared_memory(collective, world_size):
-    """allreduce / coalesced / broadcast through shared memory; reduce_scatter over TCP in the
-    same group (the two paths interleave)."""
+    """Every sweep: allreduce (and coalesced), broadcast, reduce, allgather and reduce_scatter
+    through shared memory; gather, scatter and all_to_all over TCP in the same group (the two
+    paths interleave)."""
     results = run_ranks(sweeps.SWEEPS[collective], world_size, COUNTS, env=SHM, timeout_s=300)
     for rank, result in enumerate(results):
         assert result["failures"] == [], "\n".join(result["failures"][:20])
@@ -48,7 +50,7 @@ def test_sweep_on_shared_memory(collective, world_size):
 def test_large_allreduce_and_broadcast_on_shared_memory(world_size):
     """2^20+1 elements through the default 512 KiB chunk (many chunks, both buffers in turn)."""
     env = {"DDPLITE_CPU_TRANSPORT": "shm"}
-    for collective in ("allreduce", "broadcast"):
+    for collective in ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"):
         results = run_ranks(sweeps.SWEEPS[collective], world_size, sweeps.LARGE_COUNTS,
                             [torch.float32, torch.int64, torch.bfloat16], env=env, timeout_s=600)
         for result in results:

@@ -124,8 +124,8 @@ void DdpliteBackend::connectSharedMemory() {
                    strCat("DDPLITE_CPU_TRANSPORT=shm, but this group cannot use shared memory: ", whyNot),
                    "unset DDPLITE_CPU_TRANSPORT (or set it to tcp) to run over TCP");
   }
-  DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": allreduce, broadcast and barrier through shared memory (",
-              shm_->segmentName(), ", unlinked), the rest over TCP");
+  DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives through shared memory (", shm_->segmentName(),
+              ", unlinked); gather, scatter, all_to_all and send/recv over TCP");
 }
 
 void DdpliteBackend::connectMpi(bool mpiTransport) {

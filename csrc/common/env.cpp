@@ -106,8 +106,8 @@ const std::vector<Knob>& allKnobs() {
       {kCpuTransport, *kTransports.begin(),
        "What carries CPU collectives: 'tcp' (ddplite's own transport and algorithms), 'mpi' (MPI's own "
        "collectives on the group's communicator; needs a build with MPI and a job launched by mpirun) or "
-       "'shm' (preview: allreduce, broadcast and barrier through shared memory when all ranks of a group "
-       "share a host, the rest over tcp). Must be the same on every rank"},
+       "'shm' (preview: allreduce, broadcast, reduce, allgather, reduce_scatter and barrier through shared "
+       "memory when all ranks of a group share a host, the rest over tcp). Must be the same on every rank"},
       {kShmChunkBytes, std::to_string(kDefaultShmChunkBytes),
        strCat("Shared-memory path: bytes per rank and buffer moved per step (two buffers per rank; ",
               kMinimumShmChunkBytes, " to ", kMaximumShmChunkBytes, ")")},

@@ -147,18 +147,23 @@ bool isRooted(Collective collective) {
 // selector index, so a rank on shared memory never agrees with one on TCP).
 constexpr uint8_t kShmAlgorithmIndex = 200;
 
-// The shared-memory algorithm of `collective`, or null where the TCP path serves it.
+// The shared-memory algorithm of `collective` (every byte-level collective has one; gather,
+// scatter and all_to_all go through exchangeVia over TCP).
 void (*shmAlgorithmFor(Collective collective))(ShmGroup&, const AlgorithmArgs&) {
   switch (collective) {
     case Collective::kAllreduce: return &shm::allreduce;
     case Collective::kBroadcast: return &shm::broadcast;
+    case Collective::kReduce: return &shm::reduce;
+    case Collective::kAllgather: return &shm::allgather;
+    case Collective::kReduceScatter: return &shm::reduceScatter;
     case Collective::kBarrier: return &shm::barrier;
-    default: return nullptr;
   }
+  return nullptr;
 }
 
-// The data path of one byte-level collective: MPI's when the group uses it, else the selected
-// algorithm, with the transport armed with the collective's fingerprint. `bufferBytes` as in
+// The data path of one byte-level collective: MPI's when the group uses it, shared memory's when
+// the group has a segment, else the selected algorithm with the transport armed with the
+// collective's fingerprint. `bufferBytes` as in
 // selectAlgorithm (the same on every rank).
 void runCollective(const CpuContext& ctx, Collective collective, const AlgorithmArgs& args, size_t bufferBytes,
                    c10::ScalarType dtype, RedOpType op = RedOpType::SUM) {

@@ -28,8 +28,9 @@ struct CpuContext {
   // Set when the group runs with DDPLITE_CPU_TRANSPORT=mpi: collectives it handles go to MPI,
   // the rest (and p2p) through `transport`.
   const MpiCollectives* mpi = nullptr;
-  // Set when the group runs with DDPLITE_CPU_TRANSPORT=shm: allreduce, broadcast and barrier go
-  // through shared memory (cpu/shm/), the rest through `transport`.
+  // Set when the group runs with DDPLITE_CPU_TRANSPORT=shm: allreduce, broadcast, reduce,
+  // allgather, reduce_scatter and barrier go through shared memory (cpu/shm/); gather, scatter,
+  // all_to_all and point-to-point through `transport`.
   ShmGroup* shm = nullptr;
 };
 

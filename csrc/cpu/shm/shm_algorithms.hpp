@@ -13,8 +13,11 @@
 
 namespace ddplite::cpu::shm {
 
-void allreduce(ShmGroup& group, const AlgorithmArgs& args);  // allreduce.cpp
-void broadcast(ShmGroup& group, const AlgorithmArgs& args);  // broadcast.cpp
-void barrier(ShmGroup& group, const AlgorithmArgs& args);    // barrier.cpp
+void allreduce(ShmGroup& group, const AlgorithmArgs& args);      // allreduce.cpp
+void broadcast(ShmGroup& group, const AlgorithmArgs& args);      // broadcast.cpp
+void reduce(ShmGroup& group, const AlgorithmArgs& args);         // reduce.cpp
+void allgather(ShmGroup& group, const AlgorithmArgs& args);      // allgather.cpp
+void reduceScatter(ShmGroup& group, const AlgorithmArgs& args);  // reduce_scatter.cpp
+void barrier(ShmGroup& group, const AlgorithmArgs& args);        // barrier.cpp
 
 }  // namespace ddplite::cpu::shm
