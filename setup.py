@@ -154,8 +154,15 @@ extension = CppExtension(
 # extension from these objects (tests/build_variants.py).
 BUILD_TEMP = os.path.join(ROOT, "build", f"temp.{sysconfig.get_platform()}-{sys.implementation.cache_tag}")
 
+
+class PersistentBuildExt(BuildExtension.with_options(use_ninja=True)):
+    def finalize_options(self):
+        super().finalize_options()
+        # setuptools' editable_wheel sets its own temporary build_temp, ignoring setup(options=...)
+        self.build_temp = BUILD_TEMP
+
+
 setup(
     ext_modules=[extension],
-    options={"build_ext": {"build_temp": BUILD_TEMP}},
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": PersistentBuildExt},
 )

@@ -5,4 +5,4 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$REPO/scripts/setup.sh"
 cd "$REPO"
-exec "${PYTHON:-python3}" -m pytest tests "$@"
+exec "${PYTHON:-python3}" -m pytest tests --durations=20 "$@"

@@ -34,11 +34,10 @@ def no_segment_left_behind():
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-@pytest.mark.parametrize("collective", sorted(sweeps.SWEEPS))
+@pytest.mark.parametrize("collective", sorted(set(sweeps.SWEEPS) - {"gather_scatter"}))
 def test_sweep_on_shared_memory(collective, world_size):
-    """Every sweep: allreduce (and coalesced), broadcast, reduce, allgather and reduce_scatter
-    through shared memory; gather, scatter and all_to_all over TCP in the same group (the two
-    paths interleave)."""
+    """allreduce (and coalesced), broadcast, reduce, allgather and reduce_scatter through shared
+    memory; all_to_all over TCP in the same group (the two paths interleave)."""
     results = run_ranks(sweeps.SWEEPS[collective], world_size, COUNTS, env=SHM, timeout_s=300)
     for rank, result in enumerate(results):
         assert result["failures"] == [], "\n".join(result["failures"][:20])
@@ -46,13 +45,14 @@ def test_sweep_on_shared_memory(collective, world_size):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_large_allreduce_and_broadcast_on_shared_memory(world_size):
-    """2^20+1 elements through the default 512 KiB chunk (many chunks, both buffers in turn)."""
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_large_counts_on_shared_memory(world_size):
+    """2^20+1 elements through the default 512 KiB chunk (many chunks, both buffers in turn);
+    4 ranks run the same code with smaller counts above (kept out of CI's time on 2 cores)."""
     env = {"DDPLITE_CPU_TRANSPORT": "shm"}
     for collective in ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"):
         results = run_ranks(sweeps.SWEEPS[collective], world_size, sweeps.LARGE_COUNTS,
-                            [torch.float32, torch.int64, torch.bfloat16], env=env, timeout_s=600)
+                            [torch.float32, torch.bfloat16], env=env, timeout_s=600)
         for result in results:
             assert result["failures"] == [], "\n".join(result["failures"][:20])
 
