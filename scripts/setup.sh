@@ -79,7 +79,7 @@ if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] \
    && "$PYTHON" -c "import torch_ddp_lite" >/dev/null 2>&1; then
   say "extension up to date"
 else
-  say "building the extension against torch $("$PYTHON" -c 'import torch; print(torch.__version__)') (about 2 minutes on 2 cores)"
+  say "building the extension against torch $("$PYTHON" -c 'import torch; print(torch.__version__)') (about 6 minutes on 2 cores the first time; later builds recompile only what changed)"
   MAX_JOBS="${MAX_JOBS:-2}" "$PYTHON" -m pip install --quiet --disable-pip-version-check \
     --no-build-isolation --no-deps -e "$REPO"
   mkdir -p "$(dirname "$stamp_file")"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the test suite. Extra arguments go to pytest, e.g.
-#   bash scripts/test.sh -m "not slow"      # the quick subset (about 13 minutes on 2 cores)
+#   bash scripts/test.sh -m "not slow"      # the quick subset
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$REPO/scripts/setup.sh"
