@@ -26,12 +26,6 @@ namespace {
 
 constexpr size_t kReduceAllBytes = 16 * 1024;
 
-void reduceAll(ShmGroup& group, const AlgorithmArgs& args, char* out, size_t count, uint32_t step) {
-  const size_t bytes = count * args.elementSize;
-  std::memcpy(out, group.buffer(0, step), bytes);
-  for (int owner = 1; owner < group.size(); ++owner) args.reduce(out, group.buffer(owner, step), count);
-}
-
 void reduceScatterAllgather(ShmGroup& group, const AlgorithmArgs& args, char* out, size_t count, uint32_t step) {
   const int size = group.size();
   const int rank = group.rank();
@@ -40,12 +34,7 @@ void reduceScatterAllgather(ShmGroup& group, const AlgorithmArgs& args, char* ou
   const size_t sliceCount = partBegin(count, size, rank + 1) - begin;
   char* mine = group.buffer(rank, step) + begin * es;
   if (sliceCount > 0) {
-    // in rank order: the ranks below this one are folded in front of this rank's own values
-    // by reducing into a copy of buffer 0's slice
-    std::memcpy(out + begin * es, group.buffer(0, step) + begin * es, sliceCount * es);
-    for (int owner = 1; owner < size; ++owner) {
-      args.reduce(out + begin * es, group.buffer(owner, step) + begin * es, sliceCount);
-    }
+    reduceInRankOrder(group, args, out + begin * es, begin * es, sliceCount, step);
     std::memcpy(mine, out + begin * es, sliceCount * es);
   }
   group.markReduced(step);
@@ -73,7 +62,7 @@ void allreduce(ShmGroup& group, const AlgorithmArgs& args) {
     group.post(step, count * es);
     group.waitAllPosted(step, count * es, args.deadline);
     if (small) {
-      reduceAll(group, args, out, count, step);
+      reduceInRankOrder(group, args, out, 0, count, step);
     } else {
       reduceScatterAllgather(group, args, out, count, step);
     }

@@ -25,8 +25,7 @@ void reduce(ShmGroup& group, const AlgorithmArgs& args) {
     group.post(step, count * es);
     if (root) {
       group.waitAllPosted(step, count * es, args.deadline);
-      std::memcpy(data, group.buffer(0, step), count * es);
-      for (int owner = 1; owner < group.size(); ++owner) args.reduce(data, group.buffer(owner, step), count);
+      reduceInRankOrder(group, args, data, 0, count, step);
     } else {
       // only the root's data is read, but the root's fingerprint is checked here too, so that
       // a rank in another collective is caught on both sides

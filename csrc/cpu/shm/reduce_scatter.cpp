@@ -33,9 +33,7 @@ void reduceScatter(ShmGroup& group, const AlgorithmArgs& args) {
     }
     group.post(step, bytes * size);
     group.waitAllPosted(step, bytes * size, args.deadline);
-    char* out = mine + first * es;
-    std::memcpy(out, group.buffer(0, step) + rank * bytes, bytes);
-    for (int owner = 1; owner < size; ++owner) args.reduce(out, group.buffer(owner, step) + rank * bytes, count);
+    reduceInRankOrder(group, args, mine + first * es, rank * bytes, count, step);
     group.markConsumed(step);
   }
 }

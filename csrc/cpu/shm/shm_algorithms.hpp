@@ -11,7 +11,17 @@
 #include "cpu/algorithms/algorithm.hpp"
 #include "cpu/shm/shm_group.hpp"
 
+#include <cstring>
+
 namespace ddplite::cpu::shm {
+
+// out[0, count) = the elements at byte `offset` of every rank's buffer for `step`, reduced in rank
+// order 0, 1, ..., P-1 (so every rank that computes them gets the same bits).
+inline void reduceInRankOrder(const ShmGroup& group, const AlgorithmArgs& args, char* out, size_t offset,
+                              size_t count, uint32_t step) {
+  std::memcpy(out, group.buffer(0, step) + offset, count * args.elementSize);
+  for (int owner = 1; owner < group.size(); ++owner) args.reduce(out, group.buffer(owner, step) + offset, count);
+}
 
 void allreduce(ShmGroup& group, const AlgorithmArgs& args);      // allreduce.cpp
 void broadcast(ShmGroup& group, const AlgorithmArgs& args);      // broadcast.cpp
