@@ -38,10 +38,23 @@ def test_train_sh_runs_the_cifar10_example_and_passes_arguments_through(tmp_path
     assert (tmp_path / "checkpoint.pt").exists() and (tmp_path / "metrics.png").exists()
 
 
+# torch's own gloo sometimes aborts in a rank's exit, after destroy_process_group() returned
+# ("terminate called without an active exception", exit -6; seen once in ~10 CI runs with torch
+# 2.11: a gloo thread still joinable at teardown). The oracle's results are complete by then, but
+# the run is repeated rather than trusted half-way. ddplite's own runs get no second chance.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
 def torchrun_example(*args, backend="ddplite"):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                os.path.join(REPO, "examples", "train_ddp_cpu.py"), "--backend", backend, *args]
-    result = run_in_own_session(command, timeout=300)
+    attempts = 2 if backend == "gloo" else 1
+    for attempt in range(attempts):
+        result = run_in_own_session(command, timeout=300)
+        finished = any(line.startswith("done:") for line in result.stdout.splitlines())
+        gloo_exit_abort = result.returncode != 0 and finished and GLOO_EXIT_ABORT in result.stderr
+        if not gloo_exit_abort or attempt == attempts - 1:
+            break
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.splitlines()
 
