@@ -111,6 +111,13 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("backend"), "(CPU collective transport, bootstrap) of a ddplite group: ('tcp'|'mpi'|'shm', 'store'|'mpi').");
   m.def(
+      "group_cpu_path",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        ddplite::DdpliteBackend& group = asDdplite(backend);
+        return py::make_tuple(std::string(group.cpuTransportName()), group.cpuPathReason());
+      },
+      py::arg("backend"), "(CPU collective transport, why it was chosen) of a ddplite group.");
+  m.def(
       "bootstrap_broadcast",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& key, const std::string& blob, int root) {
         ddplite::DdpliteBackend& group = asDdplite(backend);

@@ -119,6 +119,25 @@ def set_algorithms(spec):
     _load_extension().set_algorithm_pins(spec)
 
 
+def cpu_path(group=None):
+    """``(path, reason)`` for the CPU collectives of a ddplite process group (the default group
+    when ``group`` is None): path is ``"shm"``, ``"tcp"`` or ``"mpi"``; reason says why, e.g.
+    ``"DDPLITE_CPU_TRANSPORT=auto, and all 2 ranks share this host"``. Raises ValueError for a
+    group whose CPU backend is not ddplite."""
+    import torch
+    import torch.distributed as dist
+
+    group = dist.group.WORLD if group is None else group
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except RuntimeError as error:
+        raise ValueError(f"this group has no CPU backend: {error}") from None
+    try:
+        return tuple(_load_extension().group_cpu_path(backend))
+    except TypeError:
+        raise ValueError(f"the group's CPU backend is {backend.name()}, not ddplite") from None
+
+
 register_backend()
 _load_extension()
 
@@ -128,6 +147,7 @@ __all__ = [
     "available_algorithms",
     "build_info",
     "built_torch_version",
+    "cpu_path",
     "env_knobs",
     "get_algorithms",
     "nccl_version",

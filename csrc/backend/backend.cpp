@@ -58,6 +58,40 @@ void validateKnobs(int rank, int size) {
   }
 }
 
+// The value of `name` in "NAME=value\n..." text, or "?" when it is not there.
+std::string settingIn(const std::string& text, const std::string& name) {
+  const std::string lines = "\n" + text;
+  const size_t at = lines.find("\n" + name + "=");
+  if (at == std::string::npos) return "?";
+  const size_t begin = at + name.size() + 2;
+  return lines.substr(begin, lines.find('\n', begin) - begin);
+}
+
+// Every rank publishes the group-wide knobs it runs with and compares them with its peers': a
+// rank with another DDPLITE_CPU_TRANSPORT would otherwise wait on a path its peers never take.
+// The same ValueError on every rank that differs from a peer (each names the first such peer).
+void agreeOnGroupWideKnobs(StoreRendezvous& rendezvous, int rank, int size) {
+  const auto mine = env::groupWideSettings();
+  std::string text;
+  for (const auto& [name, value] : mine) text += strCat(name, "=", value, "\n");
+  rendezvous.set(strCat("knobs/", rank), text);
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    const std::string theirs = rendezvous.get(strCat("knobs/", peer), strCat("rank ", peer, "'s settings"));
+    if (theirs == text) continue;
+    std::string differences;
+    for (const auto& [name, value] : mine) {
+      const std::string other = settingIn(theirs, name);
+      if (other == value) continue;
+      differences += strCat(differences.empty() ? "" : "; ", name, "='", value, "' here, '", other, "' on rank ", peer);
+    }
+    throwValueError(OpContext{rank, size, "init", 0},
+                    strCat("the ranks of this group run with different settings: ", differences),
+                    "set these DDPLITE_* variables the same on every rank (or unset them everywhere); "
+                    "python -m torch_ddp_lite.collect_env shows what a rank sees");
+  }
+}
+
 bool wantsMpiTransport(int rank, int size) {
   if (env::cpuTransport() != "mpi") return false;
   if (!mpi::compiledIn()) {
@@ -97,6 +131,7 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
     timeoutMs_ = std::chrono::duration_cast<std::chrono::milliseconds>(kBackendDefaultTimeout).count();
   }
   validateKnobs(rank, size);
+  agreeOnGroupWideKnobs(rendezvous_, rank, size);
   applyAlgorithmPins(rank, size);
   connectMpi(wantsMpiTransport(rank, size));
   const Deadline connectBy = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
@@ -112,20 +147,44 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   init();
 }
 
-// DDPLITE_CPU_TRANSPORT=shm: the group's shared-memory segment (cpu/shm/), or a clear error
-// when its ranks cannot share memory (pinned: no silent fallback).
+// The group's CPU path. DDPLITE_CPU_TRANSPORT=auto: shared memory when every rank is on this
+// host and the segment can be made; else TCP (a group across hosts quietly, a segment that could
+// not be made with a warning naming why). =shm: shared memory or an error (no silent fallback).
+// =tcp, =mpi: no segment. The outcome is the same on every rank (ShmGroup::create decides
+// collectively), so no rank runs a collective over a path its peers did not take.
 void DdpliteBackend::connectSharedMemory() {
-  if (env::cpuTransport() != "shm" || size_ == 1) return;
-  std::string whyNot;
-  shm_ = cpu::ShmGroup::create(rendezvous_, *transport_, rank_, size_, static_cast<size_t>(env::shmChunkBytes()),
-                               &whyNot);
-  if (!shm_) {
-    throwDistError(OpContext{rank_, size_, "init", 0},
-                   strCat("DDPLITE_CPU_TRANSPORT=shm, but this group cannot use shared memory: ", whyNot),
-                   "unset DDPLITE_CPU_TRANSPORT (or set it to tcp) to run over TCP");
+  const std::string requested = env::cpuTransport();
+  if (requested == "tcp" || requested == "mpi") {
+    cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=", requested);
+    return;
   }
+  if (size_ == 1) {
+    cpuPathWhy_ = "a group of one rank exchanges nothing";
+    return;
+  }
+  std::string whyNot;
+  bool spansHosts = false;
+  shm_ = cpu::ShmGroup::create(rendezvous_, *transport_, rank_, size_, static_cast<size_t>(env::shmChunkBytes()),
+                               &whyNot, &spansHosts);
+  if (!shm_) {
+    if (requested == "shm") {
+      throwDistError(OpContext{rank_, size_, "init", 0},
+                     strCat("DDPLITE_CPU_TRANSPORT=shm, but this group cannot use shared memory: ", whyNot),
+                     "unset DDPLITE_CPU_TRANSPORT (or set it to tcp) to run over TCP");
+    }
+    cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and no shared memory: ", whyNot);
+    if (spansHosts) {
+      DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives over TCP: ", whyNot);
+    } else {
+      DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": shared memory could not be set up, so this group's "
+                  "collectives go over TCP (slower): ", whyNot, ". Set DDPLITE_CPU_TRANSPORT=tcp to silence this, "
+                  "or free /dev/shm (df -h /dev/shm; docker run --shm-size=1g) to get the fast path");
+    }
+    return;
+  }
+  cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=", requested, ", and all ", size_, " ranks share this host");
   DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives through shared memory (", shm_->segmentName(),
-              ", unlinked); gather, scatter, all_to_all and send/recv over TCP");
+              ", unlinked; ", cpuPathWhy_, "); gather, scatter, all_to_all and send/recv over TCP");
 }
 
 void DdpliteBackend::connectMpi(bool mpiTransport) {
@@ -245,15 +304,48 @@ std::chrono::milliseconds DdpliteBackend::resolveTimeout(std::chrono::millisecon
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType type, std::vector<at::Tensor> outputs,
                                                        std::chrono::milliseconds timeout, CpuBody body) {
-  std::lock_guard<std::mutex> lock(enqueueMutex_);
-  ctx.seq = seq_.load() + 1;
-  auto work = c10::make_intrusive<DdpliteWork>(ctx, type, std::move(outputs));
-  worker_->enqueue([this, work, timeout, body = std::move(body)] { runOnWorker(*work, timeout, body); });
-  seq_ = ctx.seq;  // only after a successful enqueue, so a refused op does not consume a number
+  const bool inlineCandidate = mayRunInline(type, outputs);
+  c10::intrusive_ptr<DdpliteWork> work;
+  {
+    std::lock_guard<std::mutex> lock(enqueueMutex_);
+    ctx.seq = seq_.load() + 1;
+    work = c10::make_intrusive<DdpliteWork>(ctx, type, std::move(outputs));
+    if (!inlineCandidate || !worker_->tryClaimIdle()) {
+      worker_->enqueue([this, work, timeout, body = std::move(body)] { runOp(*work, timeout, body); });
+      seq_ = ctx.seq;  // only after a successful enqueue, so a refused op does not consume a number
+      return work;
+    }
+    seq_ = ctx.seq;  // claimed: later ops queue behind this one (the worker waits for the release)
+  }
+  // Run here, outside enqueueMutex_ (a failure report takes it: refusalNote). The work completes
+  // before it is returned; its failure, if any, is raised by wait() as for a queued op.
+  runOp(*work, timeout, body);
+  worker_->releaseClaim();
   return work;
 }
 
-void DdpliteBackend::runOnWorker(DdpliteWork& work, std::chrono::milliseconds timeout, const CpuBody& body) {
+bool DdpliteBackend::mayRunInline(OpType type, const std::vector<at::Tensor>& outputs) const {
+  if (!shm_ && size_ > 1) return false;  // a group of one only copies locally
+  switch (type) {
+    case OpType::ALLREDUCE:
+    case OpType::BROADCAST:
+    case OpType::REDUCE:
+    case OpType::ALLGATHER:
+    case OpType::_ALLGATHER_BASE:
+    case OpType::BARRIER:
+    case OpType::REDUCE_SCATTER:
+    case OpType::_REDUCE_SCATTER_BASE:
+    case OpType::COALESCED:  // allreduce, allgather_into_tensor and reduce_scatter_tensor coalesced
+      break;
+    default:
+      return false;  // gather, scatter, all_to_all: over TCP, on the worker
+  }
+  int64_t bytes = 0;
+  for (const auto& tensor : outputs) bytes += static_cast<int64_t>(tensor.nbytes());
+  return bytes <= env::shmInlineBytes();
+}
+
+void DdpliteBackend::runOp(DdpliteWork& work, std::chrono::milliseconds timeout, const CpuBody& body) {
   try {
     throwIfBroken(work.context());
     body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout, work.context(), mpiCollectives_.get(),

@@ -96,8 +96,9 @@ class DdpliteBackend final : public c10d::Backend {
   // How this group shares set-up blobs (the NCCL unique id): over MPI when the processes are one
   // MPI job (mpi:// or DDPLITE_CPU_TRANSPORT=mpi), else over the store.
   Bootstrap& bootstrap() { return *bootstrap_; }
-  // "tcp" or "mpi": what carries this group's CPU collectives.
+  // "tcp", "shm" or "mpi": what carries this group's CPU collectives, and why it was chosen.
   const char* cpuTransportName() const { return mpiCollectives_ ? "mpi" : shm_ ? "shm" : "tcp"; }
+  const std::string& cpuPathReason() const { return cpuPathWhy_; }
 
  private:
   using CpuBody = std::function<void(const cpu::CpuContext&)>;
@@ -121,7 +122,10 @@ class DdpliteBackend final : public c10d::Backend {
   std::chrono::milliseconds resolveTimeout(std::chrono::milliseconds requested) const;
   c10::intrusive_ptr<c10d::Work> enqueue(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
                                          std::chrono::milliseconds timeout, CpuBody body);
-  void runOnWorker(DdpliteWork& work, std::chrono::milliseconds timeout, const CpuBody& body);
+  void runOp(DdpliteWork& work, std::chrono::milliseconds timeout, const CpuBody& body);
+  // Whether an op may run on the calling thread (see Worker::tryClaimIdle): it goes through
+  // shared memory (or the group has one rank) and moves at most DDPLITE_SHM_INLINE_BYTES.
+  bool mayRunInline(c10d::OpType type, const std::vector<at::Tensor>& outputs) const;
   std::exception_ptr failureFromTransport(const OpContext& ctx, const TransportError& error);
   c10::intrusive_ptr<c10d::Work> postRecv(const char* op, std::vector<at::Tensor>& tensors, int srcRank, int tag);
   OpContext nextP2pContext(const char* op);
@@ -140,8 +144,10 @@ class DdpliteBackend final : public c10d::Backend {
   std::unique_ptr<Bootstrap> bootstrap_;  // NCCL unique id and device ids: MPI in one MPI job, else the store
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<cpu::P2pEngine> p2p_;
-  // null unless DDPLITE_CPU_TRANSPORT=shm (and P > 1); uses transport_ as its liveness probe
+  // set when the group's ranks share memory (connectSharedMemory); uses transport_ as its
+  // liveness probe
   std::unique_ptr<cpu::ShmGroup> shm_;
+  std::string cpuPathWhy_;  // written once in the constructor
   std::atomic<uint64_t> p2pSeq_{0};
   cpu::Scratch scratch_;  // worker thread only
 

@@ -22,6 +22,25 @@ void Worker::enqueue(std::function<void()> task) {
   wake_.notify_one();
 }
 
+bool Worker::tryClaimIdle() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (busy_ || stopping_ || !queue_.empty()) return false;
+  busy_ = true;
+  return true;
+}
+
+void Worker::releaseClaim() {
+  bool queued = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
+    queued = stopping_ || !queue_.empty();
+  }
+  // Wake the worker only when it has something to do: a needless wake-up costs a context switch
+  // on a core the peers' ranks may need.
+  if (queued) wake_.notify_one();
+}
+
 void Worker::drainAndStop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -38,12 +57,15 @@ void Worker::loop() {
     std::function<void()> task;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      wake_.wait(lock, [this] { return !busy_ && (stopping_ || !queue_.empty()); });
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
     task();  // tasks catch their own exceptions (see DdpliteBackend::enqueue)
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
   }
 }
 

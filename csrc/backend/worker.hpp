@@ -3,6 +3,12 @@
 // enqueue() may be called from any thread (the main thread and the autograd thread issue
 // collectives concurrently under DDP); the FIFO order of enqueue() calls is the execution order,
 // so callers serialise "assign sequence number + enqueue" under their own lock.
+//
+// A caller may instead run a task itself, on its own thread (small shared-memory collectives:
+// two thread hand-offs would cost more than the op): tryClaimIdle() succeeds only when nothing
+// is queued or running, and until releaseClaim() the worker starts nothing, so tasks still run
+// one at a time and in issue order. The worker's mutex orders the caller's task before and after
+// the worker's: whatever one task wrote, the next one sees.
 #pragma once
 
 #include <condition_variable>
@@ -19,6 +25,10 @@ class Worker {
   ~Worker();  // runs what is queued, then joins
 
   void enqueue(std::function<void()> task);
+  // True when the worker was idle (empty queue, no task running, not stopping): the caller now
+  // owns the execution slot and must call releaseClaim() when its task is done.
+  bool tryClaimIdle();
+  void releaseClaim();
   // Runs every queued task, then stops the thread. Idempotent; enqueue() after it throws.
   void drainAndStop();
 
@@ -28,6 +38,7 @@ class Worker {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;
+  bool busy_ = false;  // a task runs, on the worker or on a claiming caller; guarded by mutex_
   bool stopping_ = false;
   std::thread thread_;
 };

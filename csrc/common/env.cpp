@@ -25,6 +25,7 @@ constexpr const char* kCpuTransport = "DDPLITE_CPU_TRANSPORT";
 constexpr const char* kCudaStaging = "DDPLITE_CUDA_STAGING";
 constexpr const char* kFingerprint = "DDPLITE_FINGERPRINT";
 constexpr const char* kShmChunkBytes = "DDPLITE_SHM_CHUNK_BYTES";
+constexpr const char* kShmInlineBytes = "DDPLITE_SHM_INLINE_BYTES";
 
 // Defaults and allowed values, written once: the readers and the knob table both use these.
 // For a choice knob the first entry is the default.
@@ -34,8 +35,9 @@ constexpr int64_t kDefaultSocketBufferBytes = 0;
 constexpr int64_t kDefaultShmChunkBytes = 512 << 10;
 constexpr int64_t kMinimumShmChunkBytes = 4096;
 constexpr int64_t kMaximumShmChunkBytes = int64_t{1} << 30;
+constexpr int64_t kDefaultShmInlineBytes = 256 << 10;
 const std::initializer_list<const char*> kLogLevels = {"WARN", "INFO", "TRACE"};
-const std::initializer_list<const char*> kTransports = {"tcp", "mpi", "shm"};
+const std::initializer_list<const char*> kTransports = {"auto", "tcp", "mpi", "shm"};
 const std::initializer_list<const char*> kStagings = {"auto", "always", "never"};
 const std::initializer_list<const char*> kSwitch = {"1", "0"};
 
@@ -104,13 +106,18 @@ const std::vector<Knob>& allKnobs() {
        "Pin CPU algorithms, e.g. 'allreduce:ring,broadcast:tree' (collective:algorithm, comma-separated; "
        "'auto' for the size-based choice). Must be the same on every rank"},
       {kCpuTransport, *kTransports.begin(),
-       "What carries CPU collectives: 'tcp' (ddplite's own transport and algorithms), 'mpi' (MPI's own "
-       "collectives on the group's communicator; needs a build with MPI and a job launched by mpirun) or "
-       "'shm' (preview: allreduce, broadcast, reduce, allgather, reduce_scatter and barrier through shared "
-       "memory when all ranks of a group share a host, the rest over tcp). Must be the same on every rank"},
+       "What carries CPU collectives: 'auto' (shared memory when all ranks of a group share a host, else "
+       "ddplite's TCP transport; a segment that cannot be made falls back to TCP with a warning), 'tcp', "
+       "'shm' (shared memory or an error: allreduce, broadcast, reduce, allgather, reduce_scatter and "
+       "barrier through the segment, the rest over tcp) or 'mpi' (MPI's own collectives on the group's "
+       "communicator; needs a build with MPI and a job launched by mpirun). Must be the same on every rank"},
       {kShmChunkBytes, std::to_string(kDefaultShmChunkBytes),
        strCat("Shared-memory path: bytes per rank and buffer moved per step (two buffers per rank; ",
-              kMinimumShmChunkBytes, " to ", kMaximumShmChunkBytes, ")")},
+              kMinimumShmChunkBytes, " to ", kMaximumShmChunkBytes, "). Must be the same on every rank")},
+      {kShmInlineBytes, std::to_string(kDefaultShmInlineBytes),
+       strCat("Shared-memory path: a collective of at most this many bytes runs on the calling thread "
+              "when no other op is pending (no hand-off to the worker thread); 0 sends every op to the "
+              "worker (0 to ", kMaximumShmChunkBytes, ")")},
       {kFingerprint, *kSwitch.begin(),
        "1: the first message of every CPU collective to each peer carries a 48-byte fingerprint (sequence "
        "number, op, sizes, dtype, reduce op, root, algorithm), so a rank in another collective is reported at "
@@ -130,6 +137,7 @@ void validateAll() {
   readBytes(kSocketBufferBytes, kDefaultSocketBufferBytes, 0);
   readChoice(kCpuTransport, kTransports);
   readBytes(kShmChunkBytes, kDefaultShmChunkBytes, kMinimumShmChunkBytes, kMaximumShmChunkBytes);
+  readBytes(kShmInlineBytes, kDefaultShmInlineBytes, 0, kMaximumShmChunkBytes);
   readChoice(kFingerprint, kSwitch);
   readChoice(kCudaStaging, kStagings);
 }
@@ -177,6 +185,11 @@ int64_t shmChunkBytes() {
   return bytes;
 }
 
+int64_t shmInlineBytes() {
+  static const int64_t bytes = readBytes(kShmInlineBytes, kDefaultShmInlineBytes, 0, kMaximumShmChunkBytes);
+  return bytes;
+}
+
 std::string algorithmSpec() {
   const char* value = rawValue(kAlgo);
   return value != nullptr ? value : "";
@@ -184,6 +197,17 @@ std::string algorithmSpec() {
 
 std::string cpuTransport() {
   return *(kTransports.begin() + readChoice(kCpuTransport, kTransports));
+}
+
+std::vector<std::pair<std::string, std::string>> groupWideSettings() {
+  return {
+      {kCpuTransport, cpuTransport()},
+      {kShmChunkBytes, std::to_string(shmChunkBytes())},
+      {kRingSegmentBytes, std::to_string(ringSegmentBytes())},
+      {kTreeChunkBytes, std::to_string(treeChunkBytes())},
+      {kFingerprint, fingerprintChecks() ? "1" : "0"},
+      {kCudaStaging, *(kStagings.begin() + readChoice(kCudaStaging, kStagings))},
+  };
 }
 
 bool fingerprintChecks() {

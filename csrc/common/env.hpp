@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddplite::env {
@@ -25,6 +26,11 @@ const std::vector<Knob>& allKnobs();
 // std::invalid_argument for the first bad one. Called when a group is created, so a typo fails
 // init_process_group on every rank instead of being ignored.
 void validateAll();
+
+// The knobs every rank of a group must set alike (they shape what goes on the wire or which
+// path a collective takes), as (name, value in effect). Compared across ranks when a group is
+// created. Call after validateAll().
+std::vector<std::pair<std::string, std::string>> groupWideSettings();
 
 // DDPLITE_SOCKET_IFNAME (NCCL syntax), falling back to NCCL_SOCKET_IFNAME then GLOO_SOCKET_IFNAME.
 // Returns "" when none is set. `source` receives the variable that was used.
@@ -50,7 +56,11 @@ std::string algorithmSpec();
 // DDPLITE_SHM_CHUNK_BYTES: bytes per rank and buffer of the shared-memory path (cpu/shm/).
 int64_t shmChunkBytes();
 
-// DDPLITE_CPU_TRANSPORT: "tcp" (default), "mpi" or "shm", lower-cased.
+// DDPLITE_SHM_INLINE_BYTES: shared-memory collectives up to this size run on the calling thread
+// when nothing else is pending (0: never).
+int64_t shmInlineBytes();
+
+// DDPLITE_CPU_TRANSPORT: "auto" (default), "tcp", "mpi" or "shm", lower-cased.
 std::string cpuTransport();
 
 // DDPLITE_FINGERPRINT: whether collectives carry and check the wire fingerprint

@@ -143,10 +143,6 @@ bool isRooted(Collective collective) {
   return collective == Collective::kBroadcast || collective == Collective::kReduce;
 }
 
-// The algorithm index the wire fingerprint carries for the shared-memory path (beyond every
-// selector index, so a rank on shared memory never agrees with one on TCP).
-constexpr uint8_t kShmAlgorithmIndex = 200;
-
 // The shared-memory algorithm of `collective` (every byte-level collective has one; gather,
 // scatter and all_to_all go through exchangeVia over TCP).
 void (*shmAlgorithmFor(Collective collective))(ShmGroup&, const AlgorithmArgs&) {
@@ -162,7 +158,7 @@ void (*shmAlgorithmFor(Collective collective))(ShmGroup&, const AlgorithmArgs&) 
 }
 
 // The data path of one byte-level collective: MPI's when the group uses it, shared memory's when
-// the group has a segment, else the selected algorithm with the transport armed with the
+// the group has a segment and no algorithm is pinned for the collective, else the selected algorithm with the transport armed with the
 // collective's fingerprint. `bufferBytes` as in
 // selectAlgorithm (the same on every rank).
 void runCollective(const CpuContext& ctx, Collective collective, const AlgorithmArgs& args, size_t bufferBytes,
@@ -175,15 +171,17 @@ void runCollective(const CpuContext& ctx, Collective collective, const Algorithm
     ctx.mpi->run(collective, args, dtype, op);
     return;
   }
-  if (ctx.shm != nullptr && shmAlgorithmFor(collective) != nullptr) {
+  if (ctx.shm != nullptr && shmAlgorithmFor(collective) != nullptr && !isPinned(collective)) {
     ctx.shm->beginCollective(
         fingerprintOf(ctx, wireKindOf(collective), kShmAlgorithmIndex, "shm", dtype, reduceOp, root, bufferBytes));
     shmAlgorithmFor(collective)(*ctx.shm, args);
     return;
   }
   const Selection selection = selectAlgorithm(collective, bufferBytes, ctx.transport.size());
-  ctx.transport.beginCollective(
-      fingerprintOf(ctx, wireKindOf(collective), selection.index, selection.name, dtype, reduceOp, root, bufferBytes));
+  const Fingerprint fingerprint =
+      fingerprintOf(ctx, wireKindOf(collective), selection.index, selection.name, dtype, reduceOp, root, bufferBytes);
+  if (ctx.shm != nullptr) ctx.shm->announceTcpCollective(fingerprint);
+  ctx.transport.beginCollective(fingerprint);
   selection.run(args);
 }
 
@@ -212,6 +210,7 @@ void exchangeVia(const CpuContext& ctx, const ExchangeArgs& args, WireKind kind,
     (ctx.mpi->*viaMpi)(args);
     return;
   }
+  if (ctx.shm != nullptr) ctx.shm->announceTcpCollective(fingerprint);
   ctx.transport.beginCollective(fingerprint);
   direct(args);
 }

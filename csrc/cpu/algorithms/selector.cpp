@@ -125,6 +125,10 @@ Selection selectAlgorithm(Collective collective, size_t bytes, int worldSize) {
   return {entry.run, entry.name, static_cast<uint8_t>(&entry - table.algorithms.data())};
 }
 
+bool isPinned(Collective collective) {
+  return tableOf(collective).pinned.load(std::memory_order_relaxed) >= 0;
+}
+
 std::string automaticChoiceByName(const std::string& collective, size_t bytes, int worldSize) {
   for (const auto& table : collectiveTables) {
     if (collective == table.name) return automaticChoice(table.collective, bytes, worldSize);

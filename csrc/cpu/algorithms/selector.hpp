@@ -26,6 +26,10 @@ struct Selection {
 // (reduce_scatter) size.
 Selection selectAlgorithm(Collective collective, size_t bytes, int worldSize);
 
+// Whether `collective` has a pin now. A pinned collective runs its pinned algorithm over TCP
+// even in a group with shared memory (the pin is what the user asked to run).
+bool isPinned(Collective collective);
+
 // The automatic rule alone (no pins): the algorithm name for `collective` at `bytes` and
 // `worldSize`. The rule and its reasons are in docs/algorithms.md ("The automatic rule").
 const char* automaticChoice(Collective collective, size_t bytes, int worldSize);

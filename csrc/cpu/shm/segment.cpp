@@ -101,8 +101,9 @@ ShmSegment::Outcome ShmSegment::create(StoreRendezvous& rendezvous, int rank, in
     if (peer == rank) continue;
     const std::string theirs = rendezvous.get(strCat("shm/host/", peer), strCat("rank ", peer, "'s host identity"));
     if (theirs != mine) {
-      return {nullptr, strCat("the group spans hosts (rank ", peer, " is on '", theirs, "', rank ", rank, " on '",
-                              mine, "')")};
+      return {nullptr,
+              strCat("the group spans hosts (rank ", peer, " is on '", theirs, "', rank ", rank, " on '", mine, "')"),
+              /*spansHosts=*/true};
     }
   }
   // 2. rank 0 creates. From here on every exit path, exceptions included (a store wait that

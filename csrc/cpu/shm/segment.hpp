@@ -31,6 +31,7 @@ class ShmSegment {
   struct Outcome {
     std::unique_ptr<ShmSegment> segment;
     std::string whyNot;  // empty when segment is set
+    bool spansHosts = false;  // why not: the ranks are not on one host (expected; not a fault)
   };
 
   // Collective over the group. `bytes`: the size every rank asks for (the same on every rank).

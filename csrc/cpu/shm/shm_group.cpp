@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <iterator>
 #include <ctime>
 
 namespace ddplite::cpu {
@@ -68,10 +69,13 @@ struct alignas(kAlignment) ShmGroup::RankControl {
   uint32_t pid;                     // written once at set-up, before the store exchange
   uint32_t reserved[3];
   WireHeader headers[2];            // fingerprint of the step with that parity; written before `posted`
+  // The collective this rank last ran over TCP (announceTcpCollective): a seqlock, see the header.
+  std::atomic<uint32_t> tcpAnnounced;
+  std::atomic<uint64_t> tcpHeader[sizeof(WireHeader) / sizeof(uint64_t)];
 };
 
 std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
-                                           size_t chunkBytes, std::string* whyNot) {
+                                           size_t chunkBytes, std::string* whyNot, bool* spansHosts) {
   chunkBytes = roundUp(chunkBytes, kAlignment);
   const size_t bytes = roundUp(sizeof(RankControl) * size, kAlignment) + 2 * chunkBytes * size;
   if (chunkBytes > kMaxChunkBytes) {  // env.cpp caps the knob; this keeps the size arithmetic exact
@@ -81,6 +85,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
   ShmSegment::Outcome outcome = ShmSegment::create(rendezvous, rank, size, bytes);
   if (!outcome.segment) {
     *whyNot = outcome.whyNot;
+    *spansHosts = outcome.spansHosts;
     return nullptr;
   }
   std::unique_ptr<ShmGroup> group(new ShmGroup(std::move(outcome.segment), liveness, rank, size, chunkBytes));
@@ -199,6 +204,7 @@ void ShmGroup::waitFor(int peer, Flag which, uint32_t target, Deadline deadline)
       }
       nextLivenessCheck = now + kLivenessInterval;
     }
+    checkPeerStayedOnPath(peer, which, target);
     sleepers.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t seen = word.load(std::memory_order_seq_cst);
     if (!reached(seen, target)) {
@@ -214,6 +220,47 @@ void ShmGroup::throwTimeout(int peer, Flag which, uint32_t target) const {
                        strCat("timed out waiting for ", describePeer(peer), " to ", flagVerb(static_cast<int>(which)),
                               " step ", target, " of ", current_.describe(), " (it is at step ",
                               flag(peer, Flag::kPosted).load(), "; this rank at ", step_, ")"));
+}
+
+void ShmGroup::announceTcpCollective(const Fingerprint& fingerprint) {
+  const WireHeader header = encodeHeader(fingerprint, 0);
+  uint64_t words[sizeof(WireHeader) / sizeof(uint64_t)];
+  std::memcpy(words, &header, sizeof(header));
+  RankControl& mine = control(rank_);
+  const uint32_t count = mine.tcpAnnounced.load(std::memory_order_relaxed);  // only this rank writes it
+  mine.tcpAnnounced.store(count + 1, std::memory_order_relaxed);             // odd: being written
+  std::atomic_thread_fence(std::memory_order_release);
+  for (size_t i = 0; i < std::size(words); ++i) mine.tcpHeader[i].store(words[i], std::memory_order_relaxed);
+  mine.tcpAnnounced.store(count + 2, std::memory_order_release);
+}
+
+bool ShmGroup::tcpAnnouncement(int peer, WireHeader* header) const {
+  const RankControl& theirs = control(peer);
+  uint64_t words[sizeof(WireHeader) / sizeof(uint64_t)];
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    const uint32_t before = theirs.tcpAnnounced.load(std::memory_order_acquire);
+    if (before == 0) return false;  // never announced
+    if (before & 1) continue;       // being written
+    for (size_t i = 0; i < std::size(words); ++i) words[i] = theirs.tcpHeader[i].load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (theirs.tcpAnnounced.load(std::memory_order_relaxed) == before) {
+      std::memcpy(header, words, sizeof(words));
+      return true;
+    }
+  }
+  return false;  // rewritten all along: the next wait slice looks again
+}
+
+void ShmGroup::checkPeerStayedOnPath(int peer, Flag which, uint32_t target) const {
+  WireHeader header;
+  if (!tcpAnnouncement(peer, &header) || header.seq < current_.seq) return;
+  // The peer published every flag of the collectives it finished before announcing this one.
+  if (reached(flag(peer, which).load(std::memory_order_acquire), target)) return;
+  std::string what = headerMismatch(header, current_, header.messageBytes, describePeer(peer));
+  if (what.empty()) what = strCat(describePeer(peer), " runs ", current_.describe(), " over TCP");
+  throw TransportError(TransportError::Kind::kMismatch, peer,
+                       strCat(what, "; it went over TCP while this rank waits for it in shared memory (an algorithm "
+                                    "pinned on some ranks only, with DDPLITE_ALGO or torch_ddp_lite.set_algorithm?)"));
 }
 
 void ShmGroup::abort() {

@@ -6,7 +6,7 @@
 // buffers' contents (except the in-place reduction of its own slice, also by the owner).
 //
 // Steps. Every chunk of every shared-memory collective is one step, numbered 1, 2, ... in the
-// same order on every rank (the group runs one collective at a time, on the worker thread).
+// same order on every rank (the group runs one collective at a time; see Threading).
 // Step s uses buffer (s & 1) of every rank. Per rank, three monotone 32-bit flags say how far it
 // got (compared modulo 2^32):
 //   posted:   its input for step s is in its buffer, and its fingerprint for step s is written;
@@ -22,12 +22,20 @@
 // itself re-checks the value). Readers load flags with acquire (seq_cst on the blocking path)
 // before touching the data they guard.
 //
+// A rank that runs a collective over TCP instead (a pinned algorithm on one rank only, or a
+// refused call) is found by the same waits: the TCP path announces its fingerprint in the rank's
+// control block (a seqlock: `tcpAnnounced` odd while the words are written; the writer stores
+// the count relaxed, then a release fence, the words relaxed, then the even count with release;
+// the reader loads the count with acquire, the words relaxed, an acquire fence, the count again).
+//
 // Waiting: spin with a pause instruction for kSpinMicros, then futex-wait in slices of at most
 // 20 ms; between slices check the deadline, abort() and, every 100 ms, the peer's TCP
 // connection (a rank that died closed it), so a crash is reported within about 0.1 s and a rank
 // that never arrives at the op's timeout, as on the TCP path.
 //
-// Threading: everything but abort() on the worker thread; abort() from any thread.
+// Threading: everything but abort() on the thread that runs the group's collectives: the worker
+// thread, or a caller running a small op itself (Worker::tryClaimIdle: never two at once, and the
+// worker's mutex orders one after the other); abort() from any thread.
 #pragma once
 
 #include "cpu/shm/segment.hpp"
@@ -43,10 +51,10 @@ namespace ddplite::cpu {
 class ShmGroup {
  public:
   // Collective over the group (through the store). Null with *whyNot when the ranks cannot
-  // share memory (another host, /dev/shm full, ...). `liveness` is the group's TCP mesh: a
-  // closed connection is how a dead peer is noticed.
+  // share memory (another host: *spansHosts; /dev/shm full, ...). `liveness` is the group's TCP
+  // mesh: a closed connection is how a dead peer is noticed. The same outcome on every rank.
   static std::unique_ptr<ShmGroup> create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
-                                          size_t chunkBytes, std::string* whyNot);
+                                          size_t chunkBytes, std::string* whyNot, bool* spansHosts);
   ~ShmGroup();
 
   int rank() const { return rank_; }
@@ -73,6 +81,12 @@ class ShmGroup {
   void waitAllPosted(uint32_t step, uint64_t stepBytes, Deadline deadline);
   void waitAllReduced(uint32_t step, Deadline deadline);
 
+  // Says, in this rank's control block, that it runs `fingerprint` over TCP (gather, scatter,
+  // all_to_all, or a collective with a pinned algorithm). A peer waiting in shared memory for
+  // this rank in a collective with the same or a lower sequence number learns from it that this
+  // rank went another way, and raises a mismatch within one wait slice instead of timing out.
+  void announceTcpCollective(const Fingerprint& fingerprint);
+
   // Wakes every waiter; blocked and later waits throw TransportError(kAborted). Any thread.
   void abort();
 
@@ -88,6 +102,11 @@ class ShmGroup {
   void publish(Flag which, uint32_t step);
   void waitFor(int peer, Flag which, uint32_t target, Deadline deadline);
   [[noreturn]] void throwTimeout(int peer, Flag which, uint32_t target) const;
+  // `peer`'s latest announceTcpCollective() header; false when it made none (or kept rewriting it).
+  bool tcpAnnouncement(int peer, WireHeader* header) const;
+  // Throws TransportError(kMismatch) when `peer` announced a TCP collective at or after the
+  // current one while its `which` flag has still not reached `target`.
+  void checkPeerStayedOnPath(int peer, Flag which, uint32_t target) const;
 
   std::unique_ptr<ShmSegment> segment_;
   Transport& liveness_;

@@ -49,6 +49,7 @@ std::string opLabel(uint8_t kind, uint8_t opName) {
 
 std::string algorithmLabel(uint8_t kind, uint8_t algorithm) {
   const auto k = static_cast<WireKind>(kind);
+  if (algorithm == kShmAlgorithmIndex) return "shared memory";
   if (k < WireKind::kAllreduce || k > WireKind::kBarrier) return "direct";
   // WireKind kAllreduce..kBarrier follow cpu::Collective's order.
   const auto table = cpu::availableAlgorithms();

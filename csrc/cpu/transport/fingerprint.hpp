@@ -42,6 +42,10 @@ enum class WireKind : uint8_t {
   kAlltoall,
 };
 
+// The algorithm index the fingerprint carries for the shared-memory path (cpu/shm/): beyond every
+// selector index, so a rank on shared memory never agrees with one on TCP.
+constexpr uint8_t kShmAlgorithmIndex = 200;
+
 struct Fingerprint {
   uint64_t seq = 0;          // the group's collective sequence number
   WireKind kind = WireKind::kNone;
