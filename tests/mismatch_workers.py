@@ -144,7 +144,8 @@ def _all_gather_into(output, tensor):
 
 
 def fingerprint_off_env():
-    return {"DDPLITE_FINGERPRINT": "0"}
+    """The TCP path with its check off (shared memory always checks its headers)."""
+    return {"DDPLITE_FINGERPRINT": "0", "DDPLITE_CPU_TRANSPORT": "tcp"}
 
 
 def pid(rank, world_size):

@@ -27,7 +27,8 @@ def test_rank_exit_is_reported_by_every_other_rank(world_size, victim):
 def test_exit_seen_while_only_receiving_is_reported_as_closed():
     """The end-of-stream path (recv returns 0) on its own: rank 0 only receives from rank 1,
     which exits; no send fails first with EPIPE or ECONNRESET to report it instead."""
-    results = run_ranks(workers.receiver_sees_exit, 2, pg_timeout_s=60, timeout_s=120, may_exit={1})
+    results = run_ranks(workers.receiver_sees_exit, 2, pg_timeout_s=60, timeout_s=120, may_exit={1},
+                        env={"DDPLITE_CPU_TRANSPORT": "tcp"})
     result = results[0]
     assert result["type"] == "DistBackendError", result
     assert "rank 1" in result["message"] and "closed the connection (recv: end of stream)" in result["message"], \
@@ -45,12 +46,19 @@ def test_wait_timeout_is_honoured():
     assert outcome["value"] == 3.0 and results[1]["value"] == 3.0
 
 
-def test_group_timeout_names_the_missing_peer():
-    """A stuck peer (alive, connection open) is reported at the group's timeout, not before."""
-    results = run_ranks(workers.peer_never_arrives, 2, pg_timeout_s=2, timeout_s=60)
+MISSING_PEER = {"tcp": "timed out waiting to receive from rank 1",
+                "auto": "timed out waiting for rank 1 (pid "}  # shared memory: "... to post its data for step 1"
+
+
+@pytest.mark.parametrize("transport", sorted(MISSING_PEER))
+def test_group_timeout_names_the_missing_peer(transport):
+    """A stuck peer (alive, connection open) is reported at the group's timeout, not before, on
+    either path."""
+    results = run_ranks(workers.peer_never_arrives, 2, pg_timeout_s=2, timeout_s=60,
+                        env={"DDPLITE_CPU_TRANSPORT": transport})
     outcome = results[0]
     assert outcome["raised"], outcome
-    assert "timed out waiting to receive from rank 1" in outcome["message"], outcome["message"]
+    assert MISSING_PEER[transport] in outcome["message"], outcome["message"]
     assert "ddplite rank 0/2, allreduce #1" in outcome["message"]
     assert 1.9 < outcome["elapsed"] < 4
     assert "unusable after an earlier failure" in outcome["second"]

@@ -113,13 +113,22 @@ def test_one_rank_differs(case, world_size):
 
 
 def test_disagreement_where_no_message_crosses_times_out():
-    """Two ranks that each think they are the root of a reduce both wait to receive: no byte
-    crosses, so there is nothing to check; it is reported at the group's timeout, like a rank that
-    never arrives, naming the peer waited for."""
-    results = run_ranks(mw.one_rank_differs, 2, "reduce_root", pg_timeout_s=3, timeout_s=60)
+    """Over TCP, two ranks that each think they are the root of a reduce both wait to receive: no
+    byte crosses, so there is nothing to check; it is reported at the group's timeout, like a rank
+    that never arrives, naming the peer waited for."""
+    results = run_ranks(mw.one_rank_differs, 2, "reduce_root", pg_timeout_s=3, timeout_s=60,
+                        env={"DDPLITE_CPU_TRANSPORT": "tcp"})
     for rank, steps in enumerate(results):
         assert_failed_cleanly(steps["first"], rank, "timed out waiting to receive from rank")
         assert steps["first"]["seconds"] >= 2.5
+
+
+def test_the_same_disagreement_in_shared_memory_is_found_at_once():
+    """Through shared memory every rank posts a header for each step, roots included: the two
+    roots see each other's at once."""
+    results = run_ranks(mw.one_rank_differs, 2, "reduce_root", pg_timeout_s=60, timeout_s=60)
+    assert_failed_cleanly(results[0]["first"], 0, "collective mismatch", "root: 0 here, 1 at the peer")
+    assert_failed_cleanly(results[1]["first"], 1, "collective mismatch")
 
 
 @pytest.mark.parametrize("world_size", [3, 4])
@@ -142,6 +151,34 @@ def _allreduce_with_rank_pin(rank, world_size):
     import torch_ddp_lite
     torch_ddp_lite.set_algorithm("allreduce", "ring" if rank == 0 else "butterfly")
     return mw.outcome(lambda: mw.all_reduce_of(mw.torch.ones(8)))
+
+
+def _pinned_on_one_rank_only(rank, world_size, algorithm, late_rank):
+    """Rank 0 pins a TCP algorithm; the others keep the automatic choice (shared memory). The
+    late rank enters a moment after the others, so both orders of arrival are covered."""
+    import time
+
+    import torch_ddp_lite
+    if rank == 0:
+        torch_ddp_lite.set_algorithm("allreduce", algorithm)
+    if rank == late_rank:
+        time.sleep(0.3)
+    return mw.outcome(lambda: mw.all_reduce_of(mw.torch.ones(8)))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("algorithm", ["ring", "naive"])
+@pytest.mark.parametrize("late_rank", [0, 1])
+def test_a_pin_on_one_rank_takes_it_off_shared_memory_and_is_found_at_once(world_size, algorithm, late_rank):
+    """A pinned collective runs its algorithm over TCP even where the group has shared memory. A
+    pin on some ranks only sends them over TCP while their peers wait in shared memory: the
+    waiters see the TCP rank's announcement and every rank fails within seconds (the group's
+    timeout is a minute), quoting the mismatch; no rank returns a value."""
+    results = run_ranks(_pinned_on_one_rank_only, world_size, algorithm, late_rank, pg_timeout_s=60, timeout_s=120)
+    texts = [step.get("message", "") for step in results]
+    assert any(f"algorithm: shared memory here, {algorithm} at the peer" in t for t in texts), texts
+    for rank, step in enumerate(results):
+        assert_failed_cleanly(step, rank, "collective mismatch")
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])

@@ -111,7 +111,9 @@ BAD_KNOB_VALUES = [
     ("DDPLITE_RING_SEGMENT_BYTES", "64k", "use a whole number of bytes >= 64 (the default is 262144)"),
     ("DDPLITE_TREE_CHUNK_BYTES", "-1", "use a whole number of bytes >= 64 (the default is 262144)"),
     ("DDPLITE_SOCKET_BUFFER_BYTES", "lots", "use a whole number of bytes >= 0 (the default is 0)"),
-    ("DDPLITE_CPU_TRANSPORT", "infiniband", "use one of: tcp (the default), mpi"),
+    ("DDPLITE_CPU_TRANSPORT", "infiniband", "use one of: auto (the default), tcp, mpi, shm"),
+    ("DDPLITE_SHM_CHUNK_BYTES", "100", "use a whole number of bytes >= 4096 and <= 1073741824 (the default is 524288)"),
+    ("DDPLITE_SHM_INLINE_BYTES", "-1", "use a whole number of bytes >= 0 and <= 1073741824 (the default is 262144)"),
     ("DDPLITE_FINGERPRINT", "yes", "use one of: 1 (the default), 0"),
     ("DDPLITE_CUDA_STAGING", "sometimes", "use one of: auto (the default), always, never"),
 ]

@@ -306,20 +306,34 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
                                                        std::chrono::milliseconds timeout, CpuBody body) {
   const bool inlineCandidate = mayRunInline(type, outputs);
   c10::intrusive_ptr<DdpliteWork> work;
+  uint64_t refusedSeq = 0;
+  auto task = [this, timeout](c10::intrusive_ptr<DdpliteWork> work, uint64_t refusedSeq, CpuBody body) {
+    return [this, work = std::move(work), timeout, refusedSeq, body = std::move(body)] {
+      runOp(*work, timeout, refusedSeq, body);
+    };
+  };
   {
     std::lock_guard<std::mutex> lock(enqueueMutex_);
     ctx.seq = seq_.load() + 1;
     work = c10::make_intrusive<DdpliteWork>(ctx, type, std::move(outputs));
+    refusedSeq = lastRefusedSeq_ != 0 && lastRefusedSeq_ + 1 == ctx.seq ? lastRefusedSeq_ : 0;
     if (!inlineCandidate || !worker_->tryClaimIdle()) {
-      worker_->enqueue([this, work, timeout, body = std::move(body)] { runOp(*work, timeout, body); });
+      worker_->enqueue(task(work, refusedSeq, std::move(body)));
       seq_ = ctx.seq;  // only after a successful enqueue, so a refused op does not consume a number
       return work;
     }
     seq_ = ctx.seq;  // claimed: later ops queue behind this one (the worker waits for the release)
   }
-  // Run here, outside enqueueMutex_ (a failure report takes it: refusalNote). The work completes
-  // before it is returned; its failure, if any, is raised by wait() as for a queued op.
-  runOp(*work, timeout, body);
+  // Claimed, outside enqueueMutex_ (a failure report takes it: refusalNote). Run the op here
+  // only if every peer has started it too, so that the caller is never held by a late peer for
+  // longer than kInlineWait: an async op stays async. The work then completes before it is
+  // returned; a failure is raised by wait(), as for a queued op.
+  if (shm_) shm_->markStarted(ctx.seq);
+  if (!shm_ || shm_->peersStarted(ctx.seq, kInlineWait)) {
+    runOp(*work, timeout, refusedSeq, body);
+  } else {
+    worker_->enqueueFirst(task(work, refusedSeq, std::move(body)));
+  }
   worker_->releaseClaim();
   return work;
 }
@@ -345,11 +359,13 @@ bool DdpliteBackend::mayRunInline(OpType type, const std::vector<at::Tensor>& ou
   return bytes <= env::shmInlineBytes();
 }
 
-void DdpliteBackend::runOp(DdpliteWork& work, std::chrono::milliseconds timeout, const CpuBody& body) {
+void DdpliteBackend::runOp(DdpliteWork& work, std::chrono::milliseconds timeout, uint64_t refusedSeq,
+                           const CpuBody& body) {
+  if (shm_) shm_->markStarted(work.context().seq);
   try {
     throwIfBroken(work.context());
     body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout, work.context(), mpiCollectives_.get(),
-                         shm_.get()});
+                         shm_.get(), refusedSeq});
     work.markFinished(nullptr);
   } catch (const TransportError& error) {
     work.markFinished(failureFromTransport(work.context(), error));

@@ -122,7 +122,12 @@ class DdpliteBackend final : public c10d::Backend {
   std::chrono::milliseconds resolveTimeout(std::chrono::milliseconds requested) const;
   c10::intrusive_ptr<c10d::Work> enqueue(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
                                          std::chrono::milliseconds timeout, CpuBody body);
-  void runOp(DdpliteWork& work, std::chrono::milliseconds timeout, const CpuBody& body);
+  // Runs a CPU op on this thread (the worker's, or the caller's when claimed). `refusedSeq`: the
+  // op just before, when this rank refused it (else 0), for cpu::CpuContext.
+  void runOp(DdpliteWork& work, std::chrono::milliseconds timeout, uint64_t refusedSeq, const CpuBody& body);
+  // How long a caller that could run a small op itself waits for its peers to start it too
+  // before handing it to the worker (enqueue()).
+  static constexpr std::chrono::microseconds kInlineWait{50};
   // Whether an op may run on the calling thread (see Worker::tryClaimIdle): it goes through
   // shared memory (or the group has one rank) and moves at most DDPLITE_SHM_INLINE_BYTES.
   bool mayRunInline(c10d::OpType type, const std::vector<at::Tensor>& outputs) const;

@@ -29,6 +29,11 @@ bool Worker::tryClaimIdle() {
   return true;
 }
 
+void Worker::enqueueFirst(std::function<void()> task) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  queue_.push_front(std::move(task));  // the worker waits for releaseClaim(): busy_ is set
+}
+
 void Worker::releaseClaim() {
   bool queued = false;
   {

@@ -29,6 +29,9 @@ class Worker {
   // owns the execution slot and must call releaseClaim() when its task is done.
   bool tryClaimIdle();
   void releaseClaim();
+  // While claimed: hands the caller's task to the worker after all, ahead of anything queued
+  // since the claim (those were issued after it); it starts at releaseClaim().
+  void enqueueFirst(std::function<void()> task);
   // Runs every queued task, then stops the thread. Idempotent; enqueue() after it throws.
   void drainAndStop();
 

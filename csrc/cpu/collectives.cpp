@@ -157,6 +157,19 @@ void (*shmAlgorithmFor(Collective collective))(ShmGroup&, const AlgorithmArgs&) 
   return nullptr;
 }
 
+// After this rank refused an op its peers ran over TCP, their bytes for it wait on this rank's
+// sockets; a collective through shared memory would never read them (the TCP path meets them at
+// once), so look: kMismatch naming what the peer sent, as the TCP path would report it.
+void throwIfPeersLeftBytes(const CpuContext& ctx, const Fingerprint& fingerprint) {
+  for (int peer = 0; peer < ctx.transport.size(); ++peer) {
+    WireHeader header;
+    if (peer == ctx.transport.rank() || !ctx.transport.peekWaitingHeader(peer, &header)) continue;
+    std::string what = headerMismatch(header, fingerprint, header.messageBytes, ctx.transport.describePeer(peer));
+    if (what.empty()) what = strCat(ctx.transport.describePeer(peer), " sent bytes for ", fingerprint.describe(), " over TCP");
+    throw TransportError(TransportError::Kind::kMismatch, peer, what);
+  }
+}
+
 // The data path of one byte-level collective: MPI's when the group uses it, shared memory's when
 // the group has a segment and no algorithm is pinned for the collective, else the selected algorithm with the transport armed with the
 // collective's fingerprint. `bufferBytes` as in
@@ -172,8 +185,10 @@ void runCollective(const CpuContext& ctx, Collective collective, const Algorithm
     return;
   }
   if (ctx.shm != nullptr && shmAlgorithmFor(collective) != nullptr && !isPinned(collective)) {
-    ctx.shm->beginCollective(
-        fingerprintOf(ctx, wireKindOf(collective), kShmAlgorithmIndex, "shm", dtype, reduceOp, root, bufferBytes));
+    const Fingerprint fingerprint =
+        fingerprintOf(ctx, wireKindOf(collective), kShmAlgorithmIndex, "shm", dtype, reduceOp, root, bufferBytes);
+    if (ctx.refusedSeq != 0) throwIfPeersLeftBytes(ctx, fingerprint);
+    ctx.shm->beginCollective(fingerprint, ctx.refusedSeq);
     shmAlgorithmFor(collective)(*ctx.shm, args);
     return;
   }

@@ -32,6 +32,9 @@ struct CpuContext {
   // allgather, reduce_scatter and barrier go through shared memory (cpu/shm/); gather, scatter,
   // all_to_all and point-to-point through `transport`.
   ShmGroup* shm = nullptr;
+  // Set when this rank refused the op just before this one (its sequence number): peers that ran
+  // it may be waiting for this rank, or have left bytes for it, on a path this op does not use.
+  uint64_t refusedSeq = 0;
 };
 
 void allreduce(const CpuContext& ctx, at::Tensor& tensor, const c10d::ReduceOp& op);

@@ -4,6 +4,7 @@
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -69,6 +70,7 @@ struct alignas(kAlignment) ShmGroup::RankControl {
   uint32_t pid;                     // written once at set-up, before the store exchange
   uint32_t reserved[3];
   WireHeader headers[2];            // fingerprint of the step with that parity; written before `posted`
+  std::atomic<uint64_t> startedSeq;  // markStarted: the latest op this rank has started
   // The collective this rank last ran over TCP (announceTcpCollective): a seqlock, see the header.
   std::atomic<uint32_t> tcpAnnounced;
   std::atomic<uint64_t> tcpHeader[sizeof(WireHeader) / sizeof(uint64_t)];
@@ -116,7 +118,8 @@ char* ShmGroup::buffer(int owner, uint32_t step) const {
   return segment_->base() + controls + (static_cast<size_t>(owner) * 2 + (step & 1)) * chunkBytes_;
 }
 
-void ShmGroup::beginCollective(const Fingerprint& fingerprint) {
+void ShmGroup::beginCollective(const Fingerprint& fingerprint, uint64_t refusedSeq) {
+  refusedSeq_ = refusedSeq;
   nextPart_ = fingerprint.seq == lastSeq_ ? static_cast<uint8_t>(nextPart_ + 1) : 0;
   lastSeq_ = fingerprint.seq;
   current_ = fingerprint;
@@ -178,6 +181,20 @@ void ShmGroup::waitAllReduced(uint32_t step, Deadline deadline) {
 }
 
 void ShmGroup::waitFor(int peer, Flag which, uint32_t target, Deadline deadline) {
+  waitUntilReached(peer, which, target, deadline);
+  if (refusedSeq_ == 0) return;
+  // Right after a refusal: a peer that ran the refused op over TCP announced it before it
+  // published this flag (release, then the flag's seq_cst store; acquired above).
+  WireHeader header;
+  if (tcpAnnouncement(peer, &header) && header.seq == refusedSeq_) {
+    std::string what = headerMismatch(header, current_, header.messageBytes, describePeer(peer));
+    if (what.empty()) what = strCat(describePeer(peer), " ran #", refusedSeq_, " over TCP");
+    throw TransportError(TransportError::Kind::kMismatch, peer,
+                         strCat(what, "; it ran over TCP the op this rank refused"));
+  }
+}
+
+void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline deadline) {
   std::atomic<uint32_t>& word = flag(peer, which);
   if (reached(word.load(std::memory_order_acquire), target)) return;
   const auto spinUntil = Clock::now() + kSpin;
@@ -222,6 +239,26 @@ void ShmGroup::throwTimeout(int peer, Flag which, uint32_t target) const {
                               flag(peer, Flag::kPosted).load(), "; this rank at ", step_, ")"));
 }
 
+void ShmGroup::markStarted(uint64_t seq) {
+  std::atomic<uint64_t>& started = control(rank_).startedSeq;
+  if (started.load(std::memory_order_relaxed) < seq) started.store(seq, std::memory_order_release);
+}
+
+bool ShmGroup::peersStarted(uint64_t seq, std::chrono::microseconds within) const {
+  const auto giveUp = Clock::now() + within;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    for (unsigned i = 1; control(peer).startedSeq.load(std::memory_order_acquire) < seq; ++i) {
+      cpuRelax();
+      if (i % 64 == 0) {
+        if (Clock::now() >= giveUp) return false;
+        if (i % 1024 == 0) sched_yield();  // more ranks than cores: let the peer run
+      }
+    }
+  }
+  return true;
+}
+
 void ShmGroup::announceTcpCollective(const Fingerprint& fingerprint) {
   const WireHeader header = encodeHeader(fingerprint, 0);
   uint64_t words[sizeof(WireHeader) / sizeof(uint64_t)];
@@ -253,7 +290,8 @@ bool ShmGroup::tcpAnnouncement(int peer, WireHeader* header) const {
 
 void ShmGroup::checkPeerStayedOnPath(int peer, Flag which, uint32_t target) const {
   WireHeader header;
-  if (!tcpAnnouncement(peer, &header) || header.seq < current_.seq) return;
+  if (!tcpAnnouncement(peer, &header)) return;
+  if (header.seq < current_.seq && !(refusedSeq_ != 0 && header.seq == refusedSeq_)) return;
   // The peer published every flag of the collectives it finished before announcing this one.
   if (reached(flag(peer, which).load(std::memory_order_acquire), target)) return;
   std::string what = headerMismatch(header, current_, header.messageBytes, describePeer(peer));

@@ -63,8 +63,9 @@ class ShmGroup {
   const std::string& segmentName() const { return segment_->name(); }
 
   // The collective the next steps belong to; its part is numbered like the TCP path's (a
-  // coalesced op runs several collectives under one sequence number).
-  void beginCollective(const Fingerprint& fingerprint);
+  // coalesced op runs several collectives under one sequence number). `refusedSeq`: the op just
+  // before, when this rank refused it (0 otherwise): a peer still in it over TCP is a mismatch.
+  void beginCollective(const Fingerprint& fingerprint, uint64_t refusedSeq = 0);
   // Starts the next step and returns its number, once this rank's buffer for it is free.
   uint32_t beginStep(Deadline deadline);
   // Rank `owner`'s buffer for `step`.
@@ -80,6 +81,13 @@ class ShmGroup {
   void waitPosted(int peer, uint32_t step, uint64_t stepBytes, Deadline deadline);
   void waitAllPosted(uint32_t step, uint64_t stepBytes, Deadline deadline);
   void waitAllReduced(uint32_t step, Deadline deadline);
+
+  // Op-level progress, a hint for running small ops on the calling thread (Worker): this rank
+  // has started op `seq` (called when it starts running it, on whichever thread); and whether
+  // every peer has started op `seq`, waiting for it at most `within`. Nothing depends on it for
+  // correctness. Written by the owner with release, read with acquire.
+  void markStarted(uint64_t seq);
+  bool peersStarted(uint64_t seq, std::chrono::microseconds within) const;
 
   // Says, in this rank's control block, that it runs `fingerprint` over TCP (gather, scatter,
   // all_to_all, or a collective with a pinned algorithm). A peer waiting in shared memory for
@@ -100,12 +108,17 @@ class ShmGroup {
   RankControl& control(int owner) const;
   std::atomic<uint32_t>& flag(int owner, Flag which) const;
   void publish(Flag which, uint32_t step);
+  // Waits until `peer`'s `which` flag reaches `target` (waitUntilReached: spin, then futex
+  // slices with the deadline, abort, liveness and path checks); right after a refusal, also
+  // checks that the peer did not run the refused op over TCP.
   void waitFor(int peer, Flag which, uint32_t target, Deadline deadline);
+  void waitUntilReached(int peer, Flag which, uint32_t target, Deadline deadline);
   [[noreturn]] void throwTimeout(int peer, Flag which, uint32_t target) const;
   // `peer`'s latest announceTcpCollective() header; false when it made none (or kept rewriting it).
   bool tcpAnnouncement(int peer, WireHeader* header) const;
   // Throws TransportError(kMismatch) when `peer` announced a TCP collective at or after the
-  // current one while its `which` flag has still not reached `target`.
+  // current one (or the one this rank refused) while its `which` flag has still not reached
+  // `target`.
   void checkPeerStayedOnPath(int peer, Flag which, uint32_t target) const;
 
   std::unique_ptr<ShmSegment> segment_;
@@ -117,6 +130,7 @@ class ShmGroup {
   uint32_t step_ = 0;
   Fingerprint current_;  // of the step in progress
   uint64_t lastSeq_ = 0;
+  uint64_t refusedSeq_ = 0;  // of the current collective (beginCollective)
   uint8_t nextPart_ = 0;
 };
 

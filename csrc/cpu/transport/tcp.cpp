@@ -339,6 +339,12 @@ bool TcpTransport::peerHungUp(int peer) {
   return poll(&entry, 1, 0) > 0 && (entry.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
+bool TcpTransport::peekWaitingHeader(int peer, WireHeader* header) {
+  checkPeer(peer);
+  const ssize_t n = ::recv(fds_[peer], header, sizeof(*header), MSG_PEEK | MSG_DONTWAIT);
+  return n == static_cast<ssize_t>(sizeof(*header));
+}
+
 void TcpTransport::abort() {
   if (aborted_.exchange(true)) return;
   // shutdown() wakes a poll blocked in the worker thread; the fds are closed in the destructor,

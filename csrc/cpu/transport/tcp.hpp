@@ -46,6 +46,7 @@ class TcpTransport final : public Transport {
   void beginCollective(const Fingerprint& fingerprint) override;
   std::string describePeer(int peer) const override;
   bool peerHungUp(int peer) override;
+  bool peekWaitingHeader(int peer, WireHeader* header) override;
   void abort() override;
 
  private:

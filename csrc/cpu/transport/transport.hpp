@@ -63,6 +63,10 @@ class Transport {
   // blocks nor consumes data, for paths that wait on something other than this transport
   // (shared memory). Worker thread only.
   virtual bool peerHungUp(int peer) = 0;
+  // Whether a whole collective header from `peer` waits unread on this transport (it is in a
+  // collective over this transport that this rank has not entered); copies it to *header without
+  // consuming it. Neither blocks nor consumes data. Same thread as the collectives.
+  virtual bool peekWaitingHeader(int peer, WireHeader* header) = 0;
 
   // "rank 3 (10.0.0.5:41234)": used in every error that names a peer.
   virtual std::string describePeer(int peer) const = 0;
