@@ -82,4 +82,43 @@ def init_with_small_file_limit(rank, world_size, store_path):
                                 timeout=timedelta(seconds=30))
     except Exception as error:  # noqa: BLE001
         return {"raised": type(error).__name__, "message": str(error), "segments": segments()}
-    return {"raised": None}
+    import torch_ddp_lite
+
+    tensor = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(tensor)
+    return {"raised": None, "path": torch_ddp_lite.cpu_path(), "sum": tensor.unique().tolist()}
+
+
+def init_with_own_settings(rank, world_size, store_path, settings):
+    """Each rank sets its own DDPLITE_* variables (settings[rank]) before init_process_group."""
+    from datetime import timedelta
+
+    os.environ.update(settings.get(rank, {}))
+    try:
+        dist.init_process_group("ddplite", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=30))
+    except Exception as error:  # noqa: BLE001
+        return {"raised": type(error).__name__, "message": str(error)}
+    import torch_ddp_lite
+
+    return {"raised": None, "path": torch_ddp_lite.cpu_path()}
+
+
+def cpu_paths(rank, world_size):
+    """cpu_path() of the default group and of a subgroup of ranks 0 and 1, after one op on each."""
+    import torch_ddp_lite
+
+    pair = dist.new_group([0, 1]) if world_size > 1 else None
+    tensor = torch.ones(3)
+    dist.all_reduce(tensor)
+    paths = {"world": torch_ddp_lite.cpu_path(), "sum": tensor.tolist()}
+    if pair is not None and rank in (0, 1):
+        dist.all_reduce(tensor, group=pair)
+        paths["pair"] = torch_ddp_lite.cpu_path(pair)
+        paths["pair_sum"] = tensor.tolist()
+    gloo = dist.new_group(backend="gloo")
+    try:
+        torch_ddp_lite.cpu_path(gloo)
+    except ValueError as error:
+        paths["gloo"] = str(error)
+    return paths

@@ -180,12 +180,13 @@ def test_ddp_bench_tiny(tmp_path):
     stdout = run_module("torch_ddp_lite.bench", "ddp", "--world-size", "2", "--models", "resnet18", "--batch-size",
                         "2", "--steps", "1", "--warmup-steps", "1", "--rounds", "1", "--json", str(json_path))
     rows = json.loads(json_path.read_text())
-    assert [(row["model"], row["backend"]) for row in rows] == [("resnet18", "ddplite"), ("resnet18", "gloo")]
+    assert [(row["model"], row["backend"]) for row in rows] == [("resnet18", "ddplite"), ("resnet18", "gloo"),
+                                                                ("resnet18", "no-comm")]
     for row in rows:
         assert tuple(row) == ddp.ROW_KEYS
         assert row["params"] == 11_181_642 and row["batch_per_rank"] == 2
         assert row["images_per_s"] == pytest.approx(2 * 2 / (row["step_ms"] / 1e3))
-    assert "resnet18" in stdout
+    assert "resnet18" in stdout and "step/no-comm" in stdout
 
 
 def test_mlp_has_about_25m_parameters():

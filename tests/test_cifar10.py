@@ -39,9 +39,10 @@ def synthetic_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("generated-cifar10"))
 
 
-def rank_environment():
+def rank_environment(**extra):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    env.update(extra)
     return env
 
 

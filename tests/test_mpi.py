@@ -164,7 +164,7 @@ def test_unknown_cpu_transport_is_a_value_error():
     with pytest.raises(RankFailed) as failure:
         run_ranks(init_only, 2, env={"DDPLITE_CPU_TRANSPORT": "infiniband"})
     assert "ValueError: ddplite rank 0/2, init #0: DDPLITE_CPU_TRANSPORT='infiniband' is not a valid value; " \
-        "use one of: tcp (the default), mpi" in str(failure.value)
+        "use one of: auto (the default), tcp, mpi, shm" in str(failure.value)
 
 
 @needs_mpirun

@@ -172,12 +172,14 @@ def synthetic_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_host_four_ranks(tmp_path_factory, synthetic_dir):
-    """The reference: 4 ranks on one host (torchrun --standalone), the same tiny run."""
+    """The reference: 4 ranks on one host (torchrun --standalone), the same tiny run, over TCP as
+    the groups across hosts are (on one host the default is shared memory, whose allreduce adds in
+    another order: the same values to rounding, not bitwise)."""
     if _UNAVAILABLE is not None:
         pytest.skip(_UNAVAILABLE)
     run_dir = tmp_path_factory.mktemp("one-host-4")
     result = subprocess.run(command(str(run_dir), synthetic_dir, *FEW_STEPS, nproc=4), capture_output=True,
-                            text=True, timeout=300, cwd=REPO, env=rank_environment())
+                            text=True, timeout=300, cwd=REPO, env=rank_environment(DDPLITE_CPU_TRANSPORT="tcp"))
     assert result.returncode == 0, result.stdout + result.stderr[-5000:]
     return load_checkpoint(run_dir)
 

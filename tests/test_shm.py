@@ -137,6 +137,64 @@ def test_segment_that_cannot_be_created_is_a_clear_error_when_pinned(tmp_path):
         assert "unset DDPLITE_CPU_TRANSPORT" in result["message"]
 
 
+def test_segment_that_cannot_be_created_falls_back_to_tcp_under_auto(tmp_path):
+    """The same failure with DDPLITE_CPU_TRANSPORT unset (auto): the group runs over TCP, says why,
+    and its collectives give the closed form."""
+    env = {"DDPLITE_SHM_CHUNK_BYTES": str(1 << 20)}
+    results = run_ranks(shm_workers.init_with_small_file_limit, 2, str(tmp_path / "store"), env=env, backend=None)
+    for result in results:
+        assert result["raised"] is None, result
+        path, why = result["path"]
+        assert path == "tcp" and why.startswith("DDPLITE_CPU_TRANSPORT=auto, and no shared memory: "), why
+        assert "File too large" in why, why
+        assert result["sum"] == [3.0]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_the_default_is_shared_memory_and_says_why(world_size):
+    results = run_ranks(shm_workers.cpu_paths, world_size)
+    for rank, paths in enumerate(results):
+        expected = ("tcp", "a group of one rank exchanges nothing") if world_size == 1 else \
+            ("shm", f"DDPLITE_CPU_TRANSPORT=auto, and all {world_size} ranks share this host")
+        assert paths["world"] == expected, paths
+        assert paths["sum"] == [float(world_size)] * 3
+        if world_size > 1 and rank < 2:
+            assert paths["pair"] == ("shm", "DDPLITE_CPU_TRANSPORT=auto, and all 2 ranks share this host")
+            assert paths["pair_sum"] == [float(world_size) * 2] * 3
+        assert "not ddplite" in paths["gloo"], paths
+
+
+def test_pinned_tcp_says_so():
+    results = run_ranks(shm_workers.cpu_paths, 2, env={"DDPLITE_CPU_TRANSPORT": "tcp"})
+    assert all(paths["world"] == ("tcp", "DDPLITE_CPU_TRANSPORT=tcp") for paths in results), results
+
+
+SETTINGS_THAT_DIFFER = {
+    "transport": ({"DDPLITE_CPU_TRANSPORT": "tcp"}, "DDPLITE_CPU_TRANSPORT='tcp' here, 'auto' on rank 0",
+                  "DDPLITE_CPU_TRANSPORT='auto' here, 'tcp' on rank 1"),
+    "chunk": ({"DDPLITE_SHM_CHUNK_BYTES": "8192"}, "DDPLITE_SHM_CHUNK_BYTES='8192' here, '524288' on rank 0",
+              "DDPLITE_SHM_CHUNK_BYTES='524288' here, '8192' on rank 1"),
+    "fingerprint": ({"DDPLITE_FINGERPRINT": "0"}, "DDPLITE_FINGERPRINT='0' here, '1' on rank 0",
+                    "DDPLITE_FINGERPRINT='1' here, '0' on rank 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SETTINGS_THAT_DIFFER))
+def test_settings_that_differ_between_ranks_fail_init_on_every_rank(case, tmp_path):
+    """A rank with another DDPLITE_CPU_TRANSPORT (or chunk, or fingerprint switch) would wait on a
+    path its peers never take: init_process_group raises a ValueError on both, naming the knob,
+    both values and the peer, within seconds."""
+    settings, on_rank_1, on_rank_0 = SETTINGS_THAT_DIFFER[case]
+    start = time.monotonic()
+    results = run_ranks(shm_workers.init_with_own_settings, 2, str(tmp_path / "store"), {1: settings}, backend=None,
+                        timeout_s=60)
+    assert time.monotonic() - start < 30
+    for rank, expected in ((0, on_rank_0), (1, on_rank_1)):
+        assert results[rank]["raised"] == "ValueError", results[rank]
+        assert f"ddplite rank {rank}/2, init #0: the ranks of this group run with different settings: " \
+               f"{expected}" in results[rank]["message"], results[rank]["message"]
+
+
 def test_chunk_knob_is_bounded():
     with pytest.raises(RankFailed) as failure:
         run_ranks(shm_workers.transport_name, 2, env=dict(SHM, DDPLITE_SHM_CHUNK_BYTES=str(1 << 42)))

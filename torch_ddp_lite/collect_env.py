@@ -148,6 +148,21 @@ def cpu_model():
     return platform.processor() or "unknown"
 
 
+def cpu_path_rule():
+    """What DDPLITE_CPU_TRANSPORT does for a group on this machine (a group's own choice and reason:
+    torch_ddp_lite.cpu_path(group))."""
+    requested = os.environ.get("DDPLITE_CPU_TRANSPORT", "auto").lower() or "auto"
+    try:
+        stats = os.statvfs("/dev/shm")
+        free = f"/dev/shm has {stats.f_bavail * stats.f_frsize / 2**30:.1f} GiB free"
+    except OSError as error:
+        free = f"/dev/shm unusable: {error.strerror}"
+    if requested in ("auto", "shm"):
+        other = "TCP" if requested == "auto" else "an error"
+        return f"{requested}: shared memory when all ranks share this host ({free}), else {other}"
+    return f"{requested} (DDPLITE_CPU_TRANSPORT)"
+
+
 def ddplite_section():
     build = torch_ddp_lite._load_extension().build_info()
     section = {
@@ -157,6 +172,7 @@ def ddplite_section():
         "extension compiler": f"{build['compiler']} (C++ standard {build['cplusplus']})",
         "extension build flags": build["flags"],
         "transports": ", ".join(build["cpu_transports"]),
+        "CPU path of a group": cpu_path_rule(),
         "CPU algorithms": "; ".join(f"{op}: {', '.join(names)}"
                                     for op, names in torch_ddp_lite.available_algorithms().items()),
         "CPU algorithm pins": ", ".join(f"{op}:{name}" for op, name in torch_ddp_lite.get_algorithms().items()),

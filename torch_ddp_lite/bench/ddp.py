@@ -12,10 +12,16 @@ momentum) on a fixed synthetic batch per rank; the backends' steps are interleav
 after the warm-up steps. A step is forward, backward (with DDP's bucketed gradient allreduce
 overlapping it) and the optimizer step. Reported: the median step time of the slowest rank, and
 images/s = batch per rank x world size / step time, and the first backend's step time over each
-other's (below 1: the first is faster). ``--json FILE`` writes rows with the keys of
-:data:`ROW_KEYS`.
+other's (below 1: the first is faster).
+
+The yardstick: a row ``no-comm``, the same DDP step on the first backend's group under
+``no_sync()`` (forward, backward and optimizer step, no gradient allreduce), interleaved with the
+others. Each backend's ``step/no-comm`` is its step time over that compute-only time: how much
+communication adds that backward does not hide (1.00: none). ``--json FILE`` writes rows with the
+keys of :data:`ROW_KEYS`.
 """
 
+import contextlib
 import copy
 
 import torch
@@ -29,6 +35,7 @@ from torch_ddp_lite.bench.control import Plan, interleaved_medians, run_everywhe
 from torch_ddp_lite.bench.launch import is_reporting_rank, measured_groups, rank_device, synchronizer
 
 MODELS = ("mlp", "resnet18")
+NO_COMM = "no-comm"  # the compute-only yardstick's row
 ROW_KEYS = ("model", "backend", "world_size", "device", "params", "batch_per_rank", "step_ms", "images_per_s")
 MLP_WIDTHS = (3 * 32 * 32, 4096, 2048, 2048)
 
@@ -61,7 +68,7 @@ def run(options):
               f"{options.rounds} interleaved rounds  threads/rank {torch.get_num_threads()}  torch {torch.__version__}",
               flush=True)
         print(f"#{'model':>9}{'params':>10}{'backend':>10}{'step (ms)':>11}{'images/s':>10}"
-              f"{options.backends[0] + '/this':>14}", flush=True)
+              f"{options.backends[0] + '/this':>14}{'step/' + NO_COMM:>16}", flush=True)
     rows = []
     for name in options.models:
         rows += bench_model(name, groups, device, plan, options.batch_size, reporting)
@@ -86,6 +93,9 @@ def bench_model(name, groups, device, plan, batch_size, reporting):
             steps[backend] = step
         else:
             notes.append((backend, failure))
+    if steps:
+        first_group = groups[next(iter(steps))]
+        steps[NO_COMM] = make_step(reference, first_group, device, images, labels, sync, communicate=False)
     medians = interleaved_medians(steps, plan) if steps else {}
     world_size = dist.get_world_size()
     rows = [dict(zip(ROW_KEYS, (name, backend, world_size, device.type, params, batch_size, seconds * 1e3,
@@ -96,14 +106,16 @@ def bench_model(name, groups, device, plan, batch_size, reporting):
     return rows
 
 
-def make_step(reference, group, device, images, labels, sync):
-    """A no-argument training step of a fresh replica of `reference`, wrapped in DDP on `group`."""
+def make_step(reference, group, device, images, labels, sync, communicate=True):
+    """A no-argument training step of a fresh replica of `reference`, wrapped in DDP on `group`;
+    without `communicate`, under no_sync() (the compute-only yardstick)."""
     model = DistributedDataParallel(copy.deepcopy(reference).to(device), process_group=group)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def step():
         optimizer.zero_grad(set_to_none=False)
-        F.cross_entropy(model(images), labels).backward()
+        with model.no_sync() if not communicate else contextlib.nullcontext():
+            F.cross_entropy(model(images), labels).backward()
         optimizer.step()
         sync()
 
@@ -111,11 +123,15 @@ def make_step(reference, group, device, images, labels, sync):
 
 
 def print_model_rows(rows, notes, first_backend):
-    """One line per backend; the last column is the first backend's step time over this one's."""
+    """One line per backend, then the yardstick; the ratio columns are the first backend's step
+    time over this one's, and this one's over the compute-only step."""
     first = next((row for row in rows if row["backend"] == first_backend), None)
+    yardstick = next((row for row in rows if row["backend"] == NO_COMM), None)
     for row in rows:
-        ratio = f"{first['step_ms'] / row['step_ms']:.2f}" if first and row is not first else ""
+        measured = row["backend"] != NO_COMM
+        ratio = f"{first['step_ms'] / row['step_ms']:.2f}" if first and measured and row is not first else ""
+        overhead = f"{row['step_ms'] / yardstick['step_ms']:.2f}" if yardstick and measured else ""
         print(f" {row['model']:>9}{row['params'] / 1e6:>9.1f}M{row['backend']:>10}{row['step_ms']:>11.1f}"
-              f"{row['images_per_s']:>10.0f}{ratio:>14}", flush=True)
+              f"{row['images_per_s']:>10.0f}{ratio:>14}{overhead:>16}", flush=True)
     for backend, reason in notes:
         print(f"# {backend}: not measured, unsupported here ({reason})", flush=True)
