@@ -18,6 +18,15 @@ namespace ddplite::cpu {
 namespace {
 
 constexpr auto kSpin = std::chrono::microseconds(50);
+
+// The CPUs this process may run on. With more ranks of the group than that, a spinning waiter
+// takes the core the rank it waits for needs: such a group does not spin at all.
+int usableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
 constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
 constexpr size_t kAlignment = 64;
@@ -101,7 +110,12 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
 }
 
 ShmGroup::ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int rank, int size, size_t chunkBytes)
-    : segment_(std::move(segment)), liveness_(liveness), rank_(rank), size_(size), chunkBytes_(chunkBytes) {}
+    : segment_(std::move(segment)),
+      liveness_(liveness),
+      rank_(rank),
+      size_(size),
+      chunkBytes_(chunkBytes),
+      spin_(size <= usableCpus() ? kSpin : std::chrono::microseconds(0)) {}
 
 ShmGroup::~ShmGroup() = default;
 
@@ -197,7 +211,7 @@ void ShmGroup::waitFor(int peer, Flag which, uint32_t target, Deadline deadline)
 void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline deadline) {
   std::atomic<uint32_t>& word = flag(peer, which);
   if (reached(word.load(std::memory_order_acquire), target)) return;
-  const auto spinUntil = Clock::now() + kSpin;
+  const auto spinUntil = Clock::now() + spin_;
   for (unsigned i = 1;; ++i) {
     cpuRelax();
     if (reached(word.load(std::memory_order_acquire), target)) return;
@@ -245,7 +259,7 @@ void ShmGroup::markStarted(uint64_t seq) {
 }
 
 bool ShmGroup::peersStarted(uint64_t seq, std::chrono::microseconds within) const {
-  const auto giveUp = Clock::now() + within;
+  const auto giveUp = Clock::now() + std::min(within, spin_);
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     for (unsigned i = 1; control(peer).startedSeq.load(std::memory_order_acquire) < seq; ++i) {

@@ -28,7 +28,8 @@
 // the count relaxed, then a release fence, the words relaxed, then the even count with release;
 // the reader loads the count with acquire, the words relaxed, an acquire fence, the count again).
 //
-// Waiting: spin with a pause instruction for kSpinMicros, then futex-wait in slices of at most
+// Waiting: spin with a pause instruction for kSpin (none when the group has more ranks than the
+// process has CPUs), then futex-wait in slices of at most
 // 20 ms; between slices check the deadline, abort() and, every 100 ms, the peer's TCP
 // connection (a rank that died closed it), so a crash is reported within about 0.1 s and a rank
 // that never arrives at the op's timeout, as on the TCP path.
@@ -126,6 +127,9 @@ class ShmGroup {
   const int rank_;
   const int size_;
   const size_t chunkBytes_;
+  // How long a waiter spins before it blocks (and peersStarted() waits at most): kSpin, or 0 when
+  // the group has more ranks than this process has CPUs (spinning would starve the peers).
+  const std::chrono::microseconds spin_;
   std::atomic<bool> aborted_{false};
   uint32_t step_ = 0;
   Fingerprint current_;  // of the step in progress
