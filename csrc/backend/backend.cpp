@@ -184,7 +184,7 @@ void DdpliteBackend::connectSharedMemory() {
   }
   cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=", requested, ", and all ", size_, " ranks share this host");
   DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives through shared memory (", shm_->segmentName(),
-              ", unlinked; ", cpuPathWhy_, "); gather, scatter, all_to_all and send/recv over TCP");
+              ", unlinked; ", cpuPathWhy_, "); send/recv over TCP");
 }
 
 void DdpliteBackend::connectMpi(bool mpiTransport) {
@@ -350,9 +350,13 @@ bool DdpliteBackend::mayRunInline(OpType type, const std::vector<at::Tensor>& ou
     case OpType::REDUCE_SCATTER:
     case OpType::_REDUCE_SCATTER_BASE:
     case OpType::COALESCED:  // allreduce, allgather_into_tensor and reduce_scatter_tensor coalesced
+    case OpType::GATHER:
+    case OpType::SCATTER:
+    case OpType::ALLTOALL_BASE:
+    case OpType::ALLTOALL:
       break;
     default:
-      return false;  // gather, scatter, all_to_all: over TCP, on the worker
+      return false;
   }
   int64_t bytes = 0;
   for (const auto& tensor : outputs) bytes += static_cast<int64_t>(tensor.nbytes());

@@ -225,6 +225,15 @@ void exchangeVia(const CpuContext& ctx, const ExchangeArgs& args, WireKind kind,
     (ctx.mpi->*viaMpi)(args);
     return;
   }
+  if (ctx.shm != nullptr && shm::exchangeFits(*ctx.shm)) {
+    Fingerprint onShm = fingerprint;
+    onShm.algorithm = kShmAlgorithmIndex;
+    onShm.algorithmName = "shm";
+    if (ctx.refusedSeq != 0) throwIfPeersLeftBytes(ctx, onShm);
+    ctx.shm->beginCollective(onShm, ctx.refusedSeq);
+    shm::exchange(*ctx.shm, args, kind);
+    return;
+  }
   if (ctx.shm != nullptr) ctx.shm->announceTcpCollective(fingerprint);
   ctx.transport.beginCollective(fingerprint);
   direct(args);

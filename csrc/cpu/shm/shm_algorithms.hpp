@@ -29,5 +29,9 @@ void reduce(ShmGroup& group, const AlgorithmArgs& args);         // reduce.cpp
 void allgather(ShmGroup& group, const AlgorithmArgs& args);      // allgather.cpp
 void reduceScatter(ShmGroup& group, const AlgorithmArgs& args);  // reduce_scatter.cpp
 void barrier(ShmGroup& group, const AlgorithmArgs& args);        // barrier.cpp
+// gather, scatter and all_to_all (`kind`); exchangeFits: whether the group's chunk leaves each
+// peer a slot of at least 64 bytes (else the exchange goes over TCP).
+bool exchangeFits(const ShmGroup& group);
+void exchange(ShmGroup& group, const ExchangeArgs& args, WireKind kind);  // exchange.cpp
 
 }  // namespace ddplite::cpu::shm
