@@ -37,10 +37,17 @@ def test_gather_list_one_short_on_root(world_size):
     assert_failed_cleanly(root["all_reduce"], 0, "collective mismatch", "gather #1", "allreduce #2",
                           "refused gather #1")
     for rank in range(1, world_size):
-        assert results[rank]["gather"] == {"value": None, "seconds": results[rank]["gather"]["seconds"]}
-        # The peers' all_reduce #2 met rank 0's all_reduce #2, whose data rank 0 sent before it read
-        # the stray gather header: a peer may finish it, but only with the true sum of the ranks'
-        # all_reduce inputs; and its next collective fails, quoting the mismatch rank 0 saw.
+        # Through shared memory the peers' gather waits for every rank's step, so it meets rank 0's
+        # all_reduce #2 and fails; over TCP their sends are buffered and the gather returns.
+        gather = results[rank]["gather"]
+        if "error" in gather:
+            assert_failed_cleanly(gather, rank, "collective mismatch", "gather #1", "allreduce #2")
+        else:
+            assert gather == {"value": None, "seconds": gather["seconds"]}
+        # A peer's all_reduce #2 may meet rank 0's all_reduce #2 (TCP: rank 0 sent its data before
+        # it read the stray gather header) and finish, but only with the true sum of the ranks'
+        # all_reduce inputs; else, and in any case on its next collective, it fails, quoting the
+        # mismatch rank 0 saw.
         step = results[rank]["all_reduce"]
         if "value" in step:
             assert step["value"] == [float(world_size)] * 3, (rank, step)
