@@ -91,12 +91,23 @@ def run_stall(rank, size):
     return result
 
 
+def every_rank_arrives(size):
+    """A barrier over MPI_COMM_WORLD (the group itself is broken here): each rank in turn is the
+    root of a broadcast, so none returns before all have called it."""
+    for root in range(size):
+        torch_ddp_lite._load_extension().mpi_broadcast_world(b"", root)
+
+
 def run_mismatch(rank, size):
     dist.init_process_group("ddplite", init_method="mpi://", timeout=datetime.timedelta(seconds=30))
     result = {"gather": mismatch_workers.gather_one_short(rank, size)}
+    # No rank tears the group down (and with it rank 0's store, where the first failure is
+    # recorded) while a peer still runs its steps.
+    every_rank_arrives(size)
     dist.destroy_process_group()  # the group is unusable now; a fresh one for the second case
     dist.init_process_group("ddplite", init_method="mpi://", timeout=datetime.timedelta(seconds=30))
     result["broadcast"] = mismatch_workers.allreduce_against_broadcast(rank, size)
+    every_rank_arrives(size)
     return result
 
 
