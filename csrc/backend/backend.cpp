@@ -304,7 +304,7 @@ std::chrono::milliseconds DdpliteBackend::resolveTimeout(std::chrono::millisecon
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType type, std::vector<at::Tensor> outputs,
                                                        std::chrono::milliseconds timeout, CpuBody body) {
-  const bool inlineCandidate = mayRunInline(type, outputs);
+  const bool inlineCandidate = mayRunInline(outputs);
   c10::intrusive_ptr<DdpliteWork> work;
   uint64_t refusedSeq = 0;
   auto task = [this, timeout](c10::intrusive_ptr<DdpliteWork> work, uint64_t refusedSeq, CpuBody body) {
@@ -338,26 +338,10 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
   return work;
 }
 
-bool DdpliteBackend::mayRunInline(OpType type, const std::vector<at::Tensor>& outputs) const {
-  if (!shm_ && size_ > 1) return false;  // a group of one only copies locally
-  switch (type) {
-    case OpType::ALLREDUCE:
-    case OpType::BROADCAST:
-    case OpType::REDUCE:
-    case OpType::ALLGATHER:
-    case OpType::_ALLGATHER_BASE:
-    case OpType::BARRIER:
-    case OpType::REDUCE_SCATTER:
-    case OpType::_REDUCE_SCATTER_BASE:
-    case OpType::COALESCED:  // allreduce, allgather_into_tensor and reduce_scatter_tensor coalesced
-    case OpType::GATHER:
-    case OpType::SCATTER:
-    case OpType::ALLTOALL_BASE:
-    case OpType::ALLTOALL:
-      break;
-    default:
-      return false;
-  }
+bool DdpliteBackend::mayRunInline(const std::vector<at::Tensor>& outputs) const {
+  // Every CPU op goes through the segment (send/recv do not come here); a group of one only
+  // copies locally.
+  if (!shm_ && size_ > 1) return false;
   int64_t bytes = 0;
   for (const auto& tensor : outputs) bytes += static_cast<int64_t>(tensor.nbytes());
   return bytes <= env::shmInlineBytes();

@@ -130,7 +130,7 @@ class DdpliteBackend final : public c10d::Backend {
   static constexpr std::chrono::microseconds kInlineWait{50};
   // Whether an op may run on the calling thread (see Worker::tryClaimIdle): it goes through
   // shared memory (or the group has one rank) and moves at most DDPLITE_SHM_INLINE_BYTES.
-  bool mayRunInline(c10d::OpType type, const std::vector<at::Tensor>& outputs) const;
+  bool mayRunInline(const std::vector<at::Tensor>& outputs) const;
   std::exception_ptr failureFromTransport(const OpContext& ctx, const TransportError& error);
   c10::intrusive_ptr<c10d::Work> postRecv(const char* op, std::vector<at::Tensor>& tensors, int srcRank, int tag);
   OpContext nextP2pContext(const char* op);

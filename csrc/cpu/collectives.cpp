@@ -144,7 +144,7 @@ bool isRooted(Collective collective) {
 }
 
 // The shared-memory algorithm of `collective` (every byte-level collective has one; gather,
-// scatter and all_to_all go through exchangeVia over TCP).
+// scatter and all_to_all go through exchangeVia, to shm::exchange).
 void (*shmAlgorithmFor(Collective collective))(ShmGroup&, const AlgorithmArgs&) {
   switch (collective) {
     case Collective::kAllreduce: return &shm::allreduce;
@@ -157,23 +157,27 @@ void (*shmAlgorithmFor(Collective collective))(ShmGroup&, const AlgorithmArgs&) 
   return nullptr;
 }
 
-// After this rank refused an op its peers ran over TCP, their bytes for it wait on this rank's
-// sockets; a collective through shared memory would never read them (the TCP path meets them at
-// once), so look: kMismatch naming what the peer sent, as the TCP path would report it.
-void throwIfPeersLeftBytes(const CpuContext& ctx, const Fingerprint& fingerprint) {
-  for (int peer = 0; peer < ctx.transport.size(); ++peer) {
+// Arms the group's segment with `fingerprint` (its algorithm set to shared memory's). After this
+// rank refused an op its peers ran over TCP, their bytes for it wait on this rank's sockets; a
+// collective through shared memory would never read them (the TCP path meets them at once), so
+// look first: kMismatch naming what the peer sent, as the TCP path would report it.
+void beginOnSharedMemory(const CpuContext& ctx, Fingerprint fingerprint) {
+  fingerprint.algorithm = kShmAlgorithmIndex;
+  fingerprint.algorithmName = "shm";
+  for (int peer = 0; ctx.refusedSeq != 0 && peer < ctx.transport.size(); ++peer) {
     WireHeader header;
     if (peer == ctx.transport.rank() || !ctx.transport.peekWaitingHeader(peer, &header)) continue;
     std::string what = headerMismatch(header, fingerprint, header.messageBytes, ctx.transport.describePeer(peer));
     if (what.empty()) what = strCat(ctx.transport.describePeer(peer), " sent bytes for ", fingerprint.describe(), " over TCP");
     throw TransportError(TransportError::Kind::kMismatch, peer, what);
   }
+  ctx.shm->beginCollective(fingerprint, ctx.refusedSeq);
 }
 
 // The data path of one byte-level collective: MPI's when the group uses it, shared memory's when
-// the group has a segment and no algorithm is pinned for the collective, else the selected algorithm with the transport armed with the
-// collective's fingerprint. `bufferBytes` as in
-// selectAlgorithm (the same on every rank).
+// the group has a segment and no algorithm is pinned for the collective, else the selected
+// algorithm with the transport armed with the collective's fingerprint (announced in the segment,
+// if any). `bufferBytes` as in selectAlgorithm (the same on every rank).
 void runCollective(const CpuContext& ctx, Collective collective, const AlgorithmArgs& args, size_t bufferBytes,
                    c10::ScalarType dtype, RedOpType op = RedOpType::SUM) {
   const int reduceOp = isReduction(collective) ? static_cast<int>(op) : -1;
@@ -185,10 +189,8 @@ void runCollective(const CpuContext& ctx, Collective collective, const Algorithm
     return;
   }
   if (ctx.shm != nullptr && shmAlgorithmFor(collective) != nullptr && !isPinned(collective)) {
-    const Fingerprint fingerprint =
-        fingerprintOf(ctx, wireKindOf(collective), kShmAlgorithmIndex, "shm", dtype, reduceOp, root, bufferBytes);
-    if (ctx.refusedSeq != 0) throwIfPeersLeftBytes(ctx, fingerprint);
-    ctx.shm->beginCollective(fingerprint, ctx.refusedSeq);
+    beginOnSharedMemory(ctx, fingerprintOf(ctx, wireKindOf(collective), kShmAlgorithmIndex, "shm", dtype, reduceOp,
+                                           root, bufferBytes));
     shmAlgorithmFor(collective)(*ctx.shm, args);
     return;
   }
@@ -226,11 +228,7 @@ void exchangeVia(const CpuContext& ctx, const ExchangeArgs& args, WireKind kind,
     return;
   }
   if (ctx.shm != nullptr && shm::exchangeFits(*ctx.shm)) {
-    Fingerprint onShm = fingerprint;
-    onShm.algorithm = kShmAlgorithmIndex;
-    onShm.algorithmName = "shm";
-    if (ctx.refusedSeq != 0) throwIfPeersLeftBytes(ctx, onShm);
-    ctx.shm->beginCollective(onShm, ctx.refusedSeq);
+    beginOnSharedMemory(ctx, fingerprint);
     shm::exchange(*ctx.shm, args, kind);
     return;
   }

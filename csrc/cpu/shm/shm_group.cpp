@@ -19,6 +19,13 @@ namespace {
 
 constexpr auto kSpin = std::chrono::microseconds(50);
 
+constexpr auto kSleepSlice = std::chrono::milliseconds(20);
+constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
+constexpr size_t kAlignment = 64;
+constexpr size_t kMaxChunkBytes = size_t{1} << 30;
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex flags must be plain 32-bit words");
+
 // The CPUs this process may run on. With more ranks of the group than that, a spinning waiter
 // takes the core the rank it waits for needs: such a group does not spin at all.
 int usableCpus() {
@@ -27,12 +34,6 @@ int usableCpus() {
   if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
   return std::max(1, CPU_COUNT(&set));
 }
-constexpr auto kSleepSlice = std::chrono::milliseconds(20);
-constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
-constexpr size_t kAlignment = 64;
-constexpr size_t kMaxChunkBytes = size_t{1} << 30;
-
-static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex flags must be plain 32-bit words");
 
 // Whether a flag value has reached `target`, modulo 2^32 (steps wrap after 4 billion chunks).
 bool reached(uint32_t value, uint32_t target) {
@@ -201,10 +202,7 @@ void ShmGroup::waitFor(int peer, Flag which, uint32_t target, Deadline deadline)
   // published this flag (release, then the flag's seq_cst store; acquired above).
   WireHeader header;
   if (tcpAnnouncement(peer, &header) && header.seq == refusedSeq_) {
-    std::string what = headerMismatch(header, current_, header.messageBytes, describePeer(peer));
-    if (what.empty()) what = strCat(describePeer(peer), " ran #", refusedSeq_, " over TCP");
-    throw TransportError(TransportError::Kind::kMismatch, peer,
-                         strCat(what, "; it ran over TCP the op this rank refused"));
+    throwWentOverTcp(peer, header, "it ran over TCP the op this rank refused");
   }
 }
 
@@ -308,11 +306,15 @@ void ShmGroup::checkPeerStayedOnPath(int peer, Flag which, uint32_t target) cons
   if (header.seq < current_.seq && !(refusedSeq_ != 0 && header.seq == refusedSeq_)) return;
   // The peer published every flag of the collectives it finished before announcing this one.
   if (reached(flag(peer, which).load(std::memory_order_acquire), target)) return;
+  throwWentOverTcp(peer, header,
+                   "it went over TCP while this rank waits for it in shared memory (an algorithm pinned on some "
+                   "ranks only, with DDPLITE_ALGO or torch_ddp_lite.set_algorithm?)");
+}
+
+void ShmGroup::throwWentOverTcp(int peer, const WireHeader& header, const char* why) const {
   std::string what = headerMismatch(header, current_, header.messageBytes, describePeer(peer));
   if (what.empty()) what = strCat(describePeer(peer), " runs ", current_.describe(), " over TCP");
-  throw TransportError(TransportError::Kind::kMismatch, peer,
-                       strCat(what, "; it went over TCP while this rank waits for it in shared memory (an algorithm "
-                                    "pinned on some ranks only, with DDPLITE_ALGO or torch_ddp_lite.set_algorithm?)"));
+  throw TransportError(TransportError::Kind::kMismatch, peer, strCat(what, "; ", why));
 }
 
 void ShmGroup::abort() {

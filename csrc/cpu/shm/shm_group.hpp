@@ -121,6 +121,8 @@ class ShmGroup {
   // current one (or the one this rank refused) while its `which` flag has still not reached
   // `target`.
   void checkPeerStayedOnPath(int peer, Flag which, uint32_t target) const;
+  // kMismatch naming what `peer` announced against the current collective, and `why`.
+  [[noreturn]] void throwWentOverTcp(int peer, const WireHeader& header, const char* why) const;
 
   std::unique_ptr<ShmSegment> segment_;
   Transport& liveness_;
