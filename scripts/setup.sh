@@ -75,8 +75,16 @@ stamp_file="$REPO/build/.ddplite-build-stamp"
 stamp=$( { cat setup.py pyproject.toml _ddplite_autoload.py; find csrc -type f | sort | xargs cat;
            "$PYTHON" -c "import torch; print(torch.__version__)"; command -v mpicxx || true;
            echo "${DDPLITE_WITH_MPI:-1} ${DDPLITE_WITH_NCCL:-1}"; } | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] \
-   && "$PYTHON" -c "import torch_ddp_lite" >/dev/null 2>&1; then
+# The install must also be this checkout's: an editable install made from another path (a moved
+# or re-cloned checkout) imports from there, or fails in torch's autoload of `_ddplite_autoload`.
+# So the check imports torch with its autoload on, from outside the checkout.
+installed_here() {
+  (cd / && TORCH_DEVICE_BACKEND_AUTOLOAD=1 "$PYTHON" -c "
+import os, sys, torch, torch_ddp_lite
+sys.exit(0 if os.path.realpath(torch_ddp_lite.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep) else 1)
+" "$REPO") >/dev/null 2>&1
+}
+if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && installed_here; then
   say "extension up to date"
 else
   say "building the extension against torch $("$PYTHON" -c 'import torch; print(torch.__version__)') (about 6 minutes on 2 cores the first time; later builds recompile only what changed)"
