@@ -2,6 +2,7 @@
 #include "backend/backend.hpp"
 #include "common/env.hpp"
 #include "cpu/algorithms/selector.hpp"
+#include "cpu/reduce/reduce_kernels.hpp"
 #include "cpu/transport/net_iface.hpp"
 #include "rendezvous/mpi.hpp"
 
@@ -109,7 +110,7 @@ PYBIND11_MODULE(_C, m) {
         ddplite::DdpliteBackend& group = asDdplite(backend);
         return py::make_tuple(std::string(group.cpuTransportName()), std::string(group.bootstrap().name()));
       },
-      py::arg("backend"), "(CPU collective transport, bootstrap) of a ddplite group: ('tcp'|'mpi'|'shm', 'store'|'mpi').");
+      py::arg("backend"), "(CPU collective transport, bootstrap) of a ddplite group: ('tcp'|'mpi'|'shm'|'hierarchical', 'store'|'mpi').");
   m.def(
       "group_cpu_path",
       [](const c10::intrusive_ptr<c10d::Backend>& backend) {
@@ -183,6 +184,50 @@ PYBIND11_MODULE(_C, m) {
   m.def("available_algorithms", &ddplite::cpu::availableAlgorithms, "(collective, [algorithm names]).");
   m.def("automatic_algorithm", &ddplite::cpu::automaticChoiceByName, py::arg("collective"), py::arg("bytes"),
         py::arg("world_size"), "The algorithm the automatic rule picks (pins ignored); docs/algorithms.md.");
+
+  // Reduction kernels (std::invalid_argument surfaces as ValueError).
+  m.def(
+      "kernel_sets",
+      [] {
+        return py::make_tuple(ddplite::cpu::kernelSetName(ddplite::cpu::kernelSetFromEnv()),
+                              ddplite::cpu::runnableSetNames());
+      },
+      "(the set a group created now would use, [the sets this CPU runs]) of the CPU reduction kernels "
+      "(DDPLITE_CPU_KERNELS).");
+  m.def(
+      "group_kernel_set",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) { return asDdplite(backend).kernelSetName(); },
+      py::arg("backend"), "The reduction kernel set a ddplite group uses ('generic', 'avx2', 'avx512').");
+  m.def(
+      "reduce_with_kernels",
+      [](const std::string& set, const std::string& opName, const std::vector<at::Tensor>& sources) {
+        using RedOpType = c10d::ReduceOp::RedOpType;
+        RedOpType op = RedOpType::UNUSED;
+        for (RedOpType candidate : {RedOpType::SUM, RedOpType::AVG, RedOpType::PRODUCT, RedOpType::MIN, RedOpType::MAX,
+                                    RedOpType::BAND, RedOpType::BOR, RedOpType::BXOR, RedOpType::PREMUL_SUM}) {
+          if (opName == ddplite::cpu::reduceOpName(candidate)) op = candidate;
+        }
+        if (op == RedOpType::UNUSED) throw std::invalid_argument("unknown reduce op name '" + opName + "'");
+        if (sources.empty()) throw std::invalid_argument("reduce_with_kernels needs at least one source");
+        const at::Tensor& first = sources.front();
+        for (const auto& source : sources) {
+          if (!source.device().is_cpu() || !source.is_contiguous() || source.scalar_type() != first.scalar_type() ||
+              source.numel() != first.numel()) {
+            throw std::invalid_argument("reduce_with_kernels needs contiguous CPU tensors of one dtype and size");
+          }
+        }
+        ddplite::cpu::ReduceManyFn fold =
+            ddplite::cpu::selectReduceManyFn(first.scalar_type(), op, ddplite::cpu::kernelSetNamed(set));
+        if (fold == nullptr) throw std::invalid_argument(ddplite::cpu::reduceOpProblem(first.scalar_type(), op));
+        std::vector<const void*> pointers;
+        for (const auto& source : sources) pointers.push_back(source.data_ptr());
+        at::Tensor out = at::empty_like(first);
+        fold(out.data_ptr(), pointers.data(), static_cast<int>(pointers.size()), static_cast<size_t>(first.numel()));
+        return out;
+      },
+      py::arg("set"), py::arg("op"), py::arg("sources"),
+      "The fold of one kernel set over `sources` (left to right) into a new tensor; `op` is a ReduceOp name "
+      "('SUM', 'MIN', ...). For tests.");
 
   m.def(
       "listen_address",

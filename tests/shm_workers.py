@@ -122,3 +122,36 @@ def cpu_paths(rank, world_size):
     except ValueError as error:
         paths["gloo"] = str(error)
     return paths
+
+
+def half_sums_rounded_once(rank, world_size, counts):
+    """fp16/bf16 with random mantissas (sums inexact in the dtype) through all_reduce, reduce and
+    reduce_scatter_tensor on shared memory: every result must equal, bit for bit, the float32 sum
+    over ranks rounded once to the dtype (torch's own stacked sum), at any world size and on both
+    allreduce variants (reduce-all, reduce-scatter + allgather) and across chunks."""
+    failures = []
+    checked = 0
+    for dtype in (torch.float16, torch.bfloat16):
+        for count in counts:
+            count -= count % world_size  # reduce_scatter_tensor needs whole blocks
+            everyone = [torch.randn(count, generator=torch.Generator().manual_seed(700 + r)).mul(3).to(dtype)
+                        for r in range(world_size)]
+            expected = torch.stack(everyone).sum(0)  # accumulates in float32, rounds once
+            assert torch.equal(expected, torch.stack([t.float() for t in everyone]).sum(0).to(dtype))
+            reduced = everyone[rank].clone()
+            dist.all_reduce(reduced)
+            rooted = everyone[rank].clone()
+            dist.reduce(rooted, dst=world_size - 1)
+            shard = torch.empty(count // world_size, dtype=dtype)
+            dist.reduce_scatter_tensor(shard, everyone[rank].clone())
+            piece = expected[rank * shard.numel():(rank + 1) * shard.numel()]
+            results = {"all_reduce": (reduced, expected), "reduce_scatter_tensor": (shard, piece)}
+            if rank == world_size - 1:
+                results["reduce"] = (rooted, expected)
+            for name, (actual, wanted) in results.items():
+                checked += 1
+                if not torch.equal(actual, wanted):
+                    wrong = (actual != wanted).nonzero().flatten()[:4].tolist()
+                    failures.append(f"{name} {dtype} n={count}: not the once-rounded sum at {wrong}: "
+                                    f"{actual[wrong].tolist()} vs {wanted[wrong].tolist()}")
+    return {"failures": failures, "checked": checked}

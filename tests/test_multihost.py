@@ -184,9 +184,26 @@ def one_host_four_ranks(tmp_path_factory, synthetic_dir):
     return load_checkpoint(run_dir)
 
 
-def test_two_hosts_two_ranks_each_under_torchrun(hosts, tmp_path, synthetic_dir, one_host_four_ranks):
+@pytest.fixture(scope="module")
+def one_host_four_ranks_paired_sums(tmp_path_factory, synthetic_dir):
+    """The reference of 2 hosts x 2 ranks: their all_reduce is hierarchical, (a0 + a1) + (a2 + a3)
+    for every element (each host in rank order, then the two leaders). Butterfly all_reduce on 4
+    ranks over TCP adds in exactly that order (partners 1 apart, then 2 apart), so the same
+    training on one host with it pinned must give the same parameters bit for bit."""
+    if _UNAVAILABLE is not None:
+        pytest.skip(_UNAVAILABLE)
+    run_dir = tmp_path_factory.mktemp("one-host-4-butterfly")
+    result = subprocess.run(command(str(run_dir), synthetic_dir, *FEW_STEPS, nproc=4), capture_output=True,
+                            text=True, timeout=300, cwd=REPO,
+                            env=rank_environment(DDPLITE_CPU_TRANSPORT="tcp", DDPLITE_ALGO="allreduce:butterfly"))
+    assert result.returncode == 0, result.stdout + result.stderr[-5000:]
+    return load_checkpoint(run_dir)
+
+
+def test_two_hosts_two_ranks_each_under_torchrun(hosts, tmp_path, synthetic_dir, one_host_four_ranks_paired_sums):
     """torchrun on each host, --nnodes 2 with a c10d rendezvous on host 0's eth0;
-    DDPLITE_SOCKET_IFNAME=eth (prefix)."""
+    DDPLITE_SOCKET_IFNAME=eth (prefix). all_reduce runs hierarchically (shared memory inside each
+    host), so the reference adds in the same order (one_host_four_ranks_paired_sums)."""
     network = hosts(2)
     endpoint = f"{network.addresses[0]}:{STORE_PORT}"
     jobs = []
@@ -207,7 +224,8 @@ def test_two_hosts_two_ranks_each_under_torchrun(hosts, tmp_path, synthetic_dir,
         assert all(f"listens on {network.addresses[node]}:" in line and
                    "interface eth0 chosen by DDPLITE_SOCKET_IFNAME=eth" in line for line in lines), lines
     assert "launcher=torchrun world_size=4" in results[0][1] + results[1][1]
-    assert_same_parameters(load_checkpoint(tmp_path), one_host_four_ranks)
+    assert "all_reduce within each host through shared memory" in results[0][1]
+    assert_same_parameters(load_checkpoint(tmp_path), one_host_four_ranks_paired_sums)
     assert network.pids() == []
 
 
@@ -278,3 +296,106 @@ def test_wrong_interface_fails_on_every_rank_within_the_timeout(hosts):
             assert f"rank {rank} could not connect to rank 0 at {bad[0]}:" in message, message
         print(f"rank {rank}: {outcome['seconds']:.1f} s: {message.splitlines()[0]}")
     assert network.pids() == []
+
+
+HIERARCHY_RANK = """
+import json, sys
+from datetime import timedelta
+sys.path.insert(0, sys.argv[5])
+import torch, torch.distributed as dist
+import torch_ddp_lite, sweeps
+url, rank, size, counts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=120))
+outcome = {"path": list(torch_ddp_lite.cpu_path())}
+for name in ("allreduce", "allreduce_coalesced", "broadcast", "allgather", "reduce_scatter"):
+    result = sweeps.SWEEPS[name](rank, size, counts)
+    outcome[name] = {"failures": result["failures"][:5], "checked": result["checked"]}
+big = torch.full((3_000_001,), float(rank + 1))  # several 512 KiB chunks inside each host
+dist.all_reduce(big)
+outcome["big"] = bool(torch.equal(big, torch.full_like(big, size * (size + 1) / 2)))
+dist.destroy_process_group()
+print("OUTCOME " + json.dumps(outcome), flush=True)
+"""
+
+
+@pytest.mark.parametrize("layout", [[0, 0, 1, 1], [0, 1, 0], [0, 0, 0, 1]], ids=["2+2", "2+1", "3+1"])
+def test_hierarchical_allreduce_across_hosts(hosts, layout):
+    """A group across hosts whose hosts hold several ranks runs all_reduce through shared memory
+    inside each host and over TCP between one leader per host (cpu_path says "hierarchical");
+    every sweep (closed form and gloo, every dtype and op, each algorithm pinned and the default)
+    and a 12 MB all_reduce give exact results. Layout: host of each rank (2+1: ranks 0 and 2 on
+    host 0, rank 1 alone on host 1)."""
+    network = hosts(max(layout) + 1)
+    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
+    env = host_environment("eth0", GLOO_SOCKET_IFNAME="eth0")
+    counts = json.dumps([0, 1, 3, 1000])
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    jobs = [start(network.run(host, [sys.executable, "-c", HIERARCHY_RANK, url, str(rank), str(len(layout)), counts,
+                                     tests_dir]), env) for rank, host in enumerate(layout)]
+    results = finish(jobs, timeout=600)
+    groups = {}
+    for rank, host in enumerate(layout):
+        groups.setdefault(host, []).append(rank)
+    expected_layout = f"{len(groups)} hosts: ranks " + " | ".join(",".join(map(str, ranks)) for ranks in groups.values())
+    for rank, (returncode, output, _) in enumerate(results):
+        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
+        assert returncode == 0 and reported, f"rank {rank}:\n{output[-6000:]}"
+        outcome = json.loads(reported[0][len("OUTCOME "):])
+        path, why = outcome.pop("path")
+        assert path == "hierarchical" and expected_layout in why, (path, why)
+        assert outcome.pop("big") is True
+        for name, result in outcome.items():
+            assert result["failures"] == [], (rank, name, result["failures"])
+            assert result["checked"] > 0, (rank, name)
+    assert network.pids() == []
+
+
+KILLED_RANK = """
+import json, os, signal, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+url, rank, size, victim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=300))
+tensor = torch.ones(4_000_000)
+dist.all_reduce(tensor)  # everyone is in, connected and warm
+if rank == victim:
+    os.kill(os.getpid(), signal.SIGKILL)
+start = time.monotonic()
+try:
+    for _ in range(1000):
+        dist.all_reduce(tensor)
+    outcome = {"raised": None}
+except Exception as error:
+    outcome = {"raised": type(error).__name__, "message": str(error)}
+outcome["seconds"] = time.monotonic() - start
+print("OUTCOME " + json.dumps(outcome), flush=True)
+time.sleep(3)  # rank 0 holds the store, where the others read the first failure of the group
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("victim", [3, 2], ids=["non-leader", "leader"])
+def test_rank_killed_in_hierarchical_allreduce_is_reported_everywhere(hosts, victim):
+    """2 hosts x 2 ranks, all_reduce hierarchical, group timeout 300 s: kill -9 of a rank of host 1
+    (its leader, rank 2, or rank 3) makes every survivor raise a DistBackendError within seconds,
+    on either host (inside a host the segment's liveness probe sees it; across hosts the leaders'
+    TCP connections); nothing is left in /dev/shm."""
+    network = hosts(2)
+    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
+    env = host_environment("eth0")
+    before = {name for name in os.listdir("/dev/shm") if name.startswith("ddplite-")}
+    jobs = [start(network.run(host, [sys.executable, "-c", KILLED_RANK, url, str(rank), "4", str(victim)]), env)
+            for rank, host in enumerate([0, 0, 1, 1])]
+    results = finish(jobs, timeout=120)
+    for rank, (returncode, output, _) in enumerate(results):
+        if rank == victim:
+            assert returncode == -signal.SIGKILL, output[-3000:]
+            continue
+        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
+        assert reported, f"rank {rank}:\n{output[-5000:]}"
+        outcome = json.loads(reported[0][len("OUTCOME "):])
+        assert outcome["raised"] == "DistBackendError", (rank, outcome)
+        assert outcome["seconds"] < 10, (rank, outcome)
+        assert f"rank {victim}" in outcome["message"], (rank, outcome["message"])
+    assert network.pids() == []
+    assert {name for name in os.listdir("/dev/shm") if name.startswith("ddplite-")} <= before

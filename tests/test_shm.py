@@ -62,6 +62,18 @@ def test_large_counts_on_shared_memory(world_size):
             assert result["failures"] == [], "\n".join(result["failures"][:20])
 
 
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_half_precision_sums_round_once_like_torch(world_size):
+    """fp16/bf16 accumulate in float32 over all ranks and round once (torch's stacked sum), bit
+    for bit, on every reducing collective; with the default 512 KiB chunk, 4099 elements take the
+    reduce-all variant, 100003 reduce-scatter + allgather, 300007 two chunks."""
+    results = run_ranks(shm_workers.half_sums_rounded_once, world_size, [4099, 100003, 300007],
+                        env={"DDPLITE_CPU_TRANSPORT": "shm"}, timeout_s=300)
+    for result in results:
+        assert result["failures"] == [], "\n".join(result["failures"][:10])
+        assert result["checked"] >= 2 * 3 * 2
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_the_group_says_it_uses_shared_memory_and_unlinked_its_segment(world_size):
     results = run_ranks(shm_workers.transport_name, world_size, env=SHM)

@@ -560,3 +560,13 @@ def half_precision_sums(rank, world_size, count, algorithm):
                     failures.append(f"{name} {dtype} {algorithm}: beyond the rounding bound at {over}: "
                                     f"{actual[over].tolist()} vs {expected[over].tolist()}")
     return {"failures": failures, "checked": checked}
+
+
+def kernel_set_and_half_sum(rank, world_size):
+    """(the reduction kernel set the group uses, an fp16 all_reduce of rank + 1)."""
+    tensor = torch.full((5,), float(rank + 1), dtype=torch.float16)
+    dist.all_reduce(tensor)
+    import torch_ddp_lite
+
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    return torch_ddp_lite._load_extension().group_kernel_set(backend), tensor.tolist()

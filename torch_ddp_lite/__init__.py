@@ -121,7 +121,9 @@ def set_algorithms(spec):
 
 def cpu_path(group=None):
     """``(path, reason)`` for the CPU collectives of a ddplite process group (the default group
-    when ``group`` is None): path is ``"shm"``, ``"tcp"`` or ``"mpi"``; reason says why, e.g.
+    when ``group`` is None): path is ``"shm"``, ``"tcp"``, ``"mpi"`` or ``"hierarchical"`` (a group
+    across hosts: all_reduce through shared memory inside each host, TCP between them); reason
+    says why, e.g.
     ``"DDPLITE_CPU_TRANSPORT=auto, and all 2 ranks share this host"``. Raises ValueError for a
     group whose CPU backend is not ddplite."""
     import torch

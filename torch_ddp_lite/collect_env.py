@@ -163,6 +163,15 @@ def cpu_path_rule():
     return f"{requested} (DDPLITE_CPU_TRANSPORT)"
 
 
+def kernel_sets_line():
+    """The reduction kernel set a group created now would use, and the sets this CPU runs."""
+    try:
+        active, runnable = torch_ddp_lite._load_extension().kernel_sets()
+    except ValueError as error:  # DDPLITE_CPU_KERNELS names a set this CPU lacks
+        return f"none: {error}"
+    return f"{active} (this CPU runs: {', '.join(runnable)})"
+
+
 def ddplite_section():
     build = torch_ddp_lite._load_extension().build_info()
     section = {
@@ -173,6 +182,7 @@ def ddplite_section():
         "extension build flags": build["flags"],
         "transports": ", ".join(build["cpu_transports"]),
         "CPU path of a group": cpu_path_rule(),
+        "CPU reduction kernels": kernel_sets_line(),
         "CPU algorithms": "; ".join(f"{op}: {', '.join(names)}"
                                     for op, names in torch_ddp_lite.available_algorithms().items()),
         "CPU algorithm pins": ", ".join(f"{op}:{name}" for op, name in torch_ddp_lite.get_algorithms().items()),

@@ -4,6 +4,7 @@
 #include "common/env.hpp"
 #include "common/logging.hpp"
 #include "cpu/algorithms/selector.hpp"
+#include "cpu/reduce/reduce_kernels.hpp"
 #include "cpu/transport/tcp.hpp"
 
 #include <c10/util/StringUtil.h>
@@ -55,6 +56,16 @@ void validateKnobs(int rank, int size) {
     throwValueError(OpContext{rank, size, "init", 0}, error.what(),
                     "set it to an allowed value (the same on every rank), or unset it for the default; "
                     "torch_ddp_lite.env_knobs() lists every knob with its default");
+  }
+}
+
+// DDPLITE_CPU_KERNELS: a known set this CPU runs, else a ValueError from init_process_group.
+const cpu::KernelSet& chooseKernelSet(int rank, int size) {
+  try {
+    return cpu::kernelSetFromEnv();
+  } catch (const std::invalid_argument& error) {
+    throwValueError(OpContext{rank, size, "init", 0}, error.what(),
+                    "unset DDPLITE_CPU_KERNELS (or set it to auto) to use the widest set this CPU runs");
   }
 }
 
@@ -131,6 +142,7 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
     timeoutMs_ = std::chrono::duration_cast<std::chrono::milliseconds>(kBackendDefaultTimeout).count();
   }
   validateKnobs(rank, size);
+  kernels_ = &chooseKernelSet(rank, size);
   agreeOnGroupWideKnobs(rendezvous_, rank, size);
   applyAlgorithmPins(rank, size);
   connectMpi(wantsMpiTransport(rank, size));
@@ -174,7 +186,7 @@ void DdpliteBackend::connectSharedMemory() {
     }
     cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and no shared memory: ", whyNot);
     if (spansHosts) {
-      DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives over TCP: ", whyNot);
+      connectHostHierarchy(whyNot);
     } else {
       DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": shared memory could not be set up, so this group's "
                   "collectives go over TCP (slower): ", whyNot, ". Set DDPLITE_CPU_TRANSPORT=tcp to silence this, "
@@ -185,6 +197,23 @@ void DdpliteBackend::connectSharedMemory() {
   cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=", requested, ", and all ", size_, " ranks share this host");
   DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives through shared memory (", shm_->segmentName(),
               ", unlinked; ", cpuPathWhy_, "); send/recv over TCP");
+}
+
+// A group across hosts (DDPLITE_CPU_TRANSPORT=auto): shared memory inside each host for
+// all_reduce when some host holds several ranks (HostHierarchy), else TCP for everything.
+void DdpliteBackend::connectHostHierarchy(const std::string& spansHosts) {
+  std::string whyNot;
+  hosts_ = cpu::HostHierarchy::create(rendezvous_, *transport_, rank_, size_, static_cast<size_t>(env::shmChunkBytes()),
+                                      &whyNot);
+  if (!hosts_) {
+    cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and no shared memory: ", spansHosts, "; ", whyNot);
+    DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives over TCP: ", spansHosts, "; ", whyNot);
+    return;
+  }
+  cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and the group spans ", hosts_->layout(),
+                       ": all_reduce within each host through shared memory and across hosts over TCP among one "
+                       "leader per host; other collectives over TCP");
+  DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": ", cpuPathWhy_);
 }
 
 void DdpliteBackend::connectMpi(bool mpiTransport) {
@@ -353,7 +382,7 @@ void DdpliteBackend::runOp(DdpliteWork& work, std::chrono::milliseconds timeout,
   try {
     throwIfBroken(work.context());
     body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout, work.context(), mpiCollectives_.get(),
-                         shm_.get(), refusedSeq});
+                         shm_.get(), refusedSeq, kernels_, hosts_.get()});
     work.markFinished(nullptr);
   } catch (const TransportError& error) {
     work.markFinished(failureFromTransport(work.context(), error));
@@ -381,6 +410,7 @@ std::exception_ptr DdpliteBackend::failureFromTransport(const OpContext& ctx, co
     markBroken(strCat(ctx.describe(), ": ", what));  // quotes the first failure too
     if (mpiCollectives_) mpiCollectives_->abort();
     if (shm_) shm_->abort();
+    if (hosts_) hosts_->abort();
     transport_->abort();
   }
   DDPLITE_LOG(kWarn, ctx.describe(), " failed: ", what);
@@ -412,6 +442,7 @@ void DdpliteBackend::abort() {
   markBroken(strCat("abort() was called on rank ", rank_));
   if (mpiCollectives_) mpiCollectives_->abort();
   if (shm_) shm_->abort();
+  if (hosts_) hosts_->abort();
   if (cuda_) cuda_->abort();
   transport_->abort();
   p2p_->abort();

@@ -97,8 +97,12 @@ class DdpliteBackend final : public c10d::Backend {
   // MPI job (mpi:// or DDPLITE_CPU_TRANSPORT=mpi), else over the store.
   Bootstrap& bootstrap() { return *bootstrap_; }
   // "tcp", "shm" or "mpi": what carries this group's CPU collectives, and why it was chosen.
-  const char* cpuTransportName() const { return mpiCollectives_ ? "mpi" : shm_ ? "shm" : "tcp"; }
+  const char* cpuTransportName() const {
+    return mpiCollectives_ ? "mpi" : shm_ ? "shm" : hosts_ ? "hierarchical" : "tcp";
+  }
   const std::string& cpuPathReason() const { return cpuPathWhy_; }
+  // The reduction kernels its CPU collectives use (DDPLITE_CPU_KERNELS when it was created).
+  const std::string& kernelSetName() const { return cpu::kernelSetName(*kernels_); }
 
  private:
   using CpuBody = std::function<void(const cpu::CpuContext&)>;
@@ -140,6 +144,7 @@ class DdpliteBackend final : public c10d::Backend {
   // MPI's collectives on it when DDPLITE_CPU_TRANSPORT=mpi. Collective over the group.
   void connectMpi(bool mpiTransport);
   void connectSharedMemory();
+  void connectHostHierarchy(const std::string& spansHosts);
 
   StoreRendezvous rendezvous_;
   std::atomic<int64_t> timeoutMs_;
@@ -152,9 +157,12 @@ class DdpliteBackend final : public c10d::Backend {
   // set when the group's ranks share memory (connectSharedMemory); uses transport_ as its
   // liveness probe
   std::unique_ptr<cpu::ShmGroup> shm_;
+  // set when the group spans hosts and some host holds several of its ranks (connectHostHierarchy)
+  std::unique_ptr<cpu::HostHierarchy> hosts_;
   std::string cpuPathWhy_;  // written once in the constructor
   std::atomic<uint64_t> p2pSeq_{0};
   cpu::Scratch scratch_;  // worker thread only
+  const cpu::KernelSet* kernels_ = nullptr;  // written once in the constructor
 
   mutable std::mutex enqueueMutex_;  // makes "assign seq + enqueue" atomic
   std::atomic<uint64_t> seq_{0};

@@ -1,6 +1,6 @@
 #include "backend/validation.hpp"
 
-#include "cpu/reduce_kernels.hpp"
+#include "cpu/reduce/reduce_kernels.hpp"
 
 #include <ATen/MemoryOverlap.h>
 

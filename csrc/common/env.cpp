@@ -4,6 +4,7 @@
 
 #include <strings.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +27,7 @@ constexpr const char* kCudaStaging = "DDPLITE_CUDA_STAGING";
 constexpr const char* kFingerprint = "DDPLITE_FINGERPRINT";
 constexpr const char* kShmChunkBytes = "DDPLITE_SHM_CHUNK_BYTES";
 constexpr const char* kShmInlineBytes = "DDPLITE_SHM_INLINE_BYTES";
+constexpr const char* kCpuKernels = "DDPLITE_CPU_KERNELS";
 
 // Defaults and allowed values, written once: the readers and the knob table both use these.
 // For a choice knob the first entry is the default.
@@ -117,6 +119,10 @@ const std::vector<Knob>& allKnobs() {
        strCat("Shared-memory path: a collective of at most this many bytes runs on the calling thread "
               "when no other op is pending (no hand-off to the worker thread); 0 sends every op to the "
               "worker (0 to ", kMaximumShmChunkBytes, ")")},
+      {kCpuKernels, "auto",
+       "Which compilation of the CPU reduction kernels runs: 'auto' (the widest this CPU runs), 'avx512', "
+       "'avx2' or 'generic' (x86-64 baseline). Every set gives the same bits; pinning one is for measuring "
+       "them. A set this CPU lacks fails init_process_group"},
       {kFingerprint, *kSwitch.begin(),
        "1: the first message of every CPU collective to each peer carries a 48-byte fingerprint (sequence "
        "number, op, sizes, dtype, reduce op, root, algorithm), so a rank in another collective is reported at "
@@ -192,6 +198,14 @@ int64_t shmInlineBytes() {
 std::string algorithmSpec() {
   const char* value = rawValue(kAlgo);
   return value != nullptr ? value : "";
+}
+
+std::string cpuKernels() {
+  const char* value = rawValue(kCpuKernels);
+  if (value == nullptr) return "auto";
+  std::string lowered(value);
+  for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return lowered;
 }
 
 std::string cpuTransport() {

@@ -22,7 +22,8 @@ struct Knob {
 const std::vector<Knob>& allKnobs();
 
 // Reads every knob that has a fixed set of values (all but SOCKET_IFNAME, checked against the
-// machine's interfaces when sockets open, and ALGO, parsed by the selector) and throws
+// machine's interfaces when sockets open, ALGO, parsed by the selector, and CPU_KERNELS, checked
+// against the CPU by cpu/reduce/reduce_kernels.cpp) and throws
 // std::invalid_argument for the first bad one. Called when a group is created, so a typo fails
 // init_process_group on every rank instead of being ignored.
 void validateAll();
@@ -59,6 +60,10 @@ int64_t shmChunkBytes();
 // DDPLITE_SHM_INLINE_BYTES: shared-memory collectives up to this size run on the calling thread
 // when nothing else is pending (0: never).
 int64_t shmInlineBytes();
+
+// DDPLITE_CPU_KERNELS: "auto" (default) or the name of a reduction kernel set, lower-cased. The
+// name is checked by cpu/reduce/reduce_kernels.cpp (it knows the sets and what this CPU runs).
+std::string cpuKernels();
 
 // DDPLITE_CPU_TRANSPORT: "auto" (default), "tcp", "mpi" or "shm", lower-cased.
 std::string cpuTransport();

@@ -161,9 +161,7 @@ void (*shmAlgorithmFor(Collective collective))(ShmGroup&, const AlgorithmArgs&) 
 // rank refused an op its peers ran over TCP, their bytes for it wait on this rank's sockets; a
 // collective through shared memory would never read them (the TCP path meets them at once), so
 // look first: kMismatch naming what the peer sent, as the TCP path would report it.
-void beginOnSharedMemory(const CpuContext& ctx, Fingerprint fingerprint) {
-  fingerprint.algorithm = kShmAlgorithmIndex;
-  fingerprint.algorithmName = "shm";
+void throwIfPeersSentOverTcp(const CpuContext& ctx, const Fingerprint& fingerprint) {
   for (int peer = 0; ctx.refusedSeq != 0 && peer < ctx.transport.size(); ++peer) {
     WireHeader header;
     if (peer == ctx.transport.rank() || !ctx.transport.peekWaitingHeader(peer, &header)) continue;
@@ -171,10 +169,23 @@ void beginOnSharedMemory(const CpuContext& ctx, Fingerprint fingerprint) {
     if (what.empty()) what = strCat(ctx.transport.describePeer(peer), " sent bytes for ", fingerprint.describe(), " over TCP");
     throw TransportError(TransportError::Kind::kMismatch, peer, what);
   }
+}
+
+void beginOnSharedMemory(const CpuContext& ctx, Fingerprint fingerprint) {
+  fingerprint.algorithm = kShmAlgorithmIndex;
+  fingerprint.algorithmName = "shm";
+  throwIfPeersSentOverTcp(ctx, fingerprint);
   ctx.shm->beginCollective(fingerprint, ctx.refusedSeq);
 }
 
-// The data path of one byte-level collective: MPI's when the group uses it, shared memory's when
+// Says in the segment(s) this rank shares that it runs `fingerprint` over TCP (ShmGroup).
+void announceTcpCollective(const CpuContext& ctx, const Fingerprint& fingerprint) {
+  if (ctx.shm != nullptr) ctx.shm->announceTcpCollective(fingerprint);
+  if (ctx.hosts != nullptr && ctx.hosts->local() != nullptr) ctx.hosts->local()->announceTcpCollective(fingerprint);
+}
+
+// The data path of one byte-level collective: MPI's when the group uses it; all_reduce across
+// hosts when the group spans hosts with a segment in each (and no pin); shared memory's when
 // the group has a segment and no algorithm is pinned for the collective, else the selected
 // algorithm with the transport armed with the collective's fingerprint (announced in the segment,
 // if any). `bufferBytes` as in selectAlgorithm (the same on every rank).
@@ -188,6 +199,13 @@ void runCollective(const CpuContext& ctx, Collective collective, const Algorithm
     ctx.mpi->run(collective, args, dtype, op);
     return;
   }
+  if (ctx.hosts != nullptr && collective == Collective::kAllreduce && !isPinned(collective)) {
+    const Fingerprint fingerprint =
+        fingerprintOf(ctx, wireKindOf(collective), kShmAlgorithmIndex, "shm", dtype, reduceOp, root, bufferBytes);
+    throwIfPeersSentOverTcp(ctx, fingerprint);
+    shm::allreduceAcrossHosts(*ctx.hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
+    return;
+  }
   if (ctx.shm != nullptr && shmAlgorithmFor(collective) != nullptr && !isPinned(collective)) {
     beginOnSharedMemory(ctx, fingerprintOf(ctx, wireKindOf(collective), kShmAlgorithmIndex, "shm", dtype, reduceOp,
                                            root, bufferBytes));
@@ -197,7 +215,7 @@ void runCollective(const CpuContext& ctx, Collective collective, const Algorithm
   const Selection selection = selectAlgorithm(collective, bufferBytes, ctx.transport.size());
   const Fingerprint fingerprint =
       fingerprintOf(ctx, wireKindOf(collective), selection.index, selection.name, dtype, reduceOp, root, bufferBytes);
-  if (ctx.shm != nullptr) ctx.shm->announceTcpCollective(fingerprint);
+  announceTcpCollective(ctx, fingerprint);
   ctx.transport.beginCollective(fingerprint);
   selection.run(args);
 }
@@ -232,7 +250,7 @@ void exchangeVia(const CpuContext& ctx, const ExchangeArgs& args, WireKind kind,
     shm::exchange(*ctx.shm, args, kind);
     return;
   }
-  if (ctx.shm != nullptr) ctx.shm->announceTcpCollective(fingerprint);
+  announceTcpCollective(ctx, fingerprint);
   ctx.transport.beginCollective(fingerprint);
   direct(args);
 }
@@ -260,7 +278,8 @@ void reduceScatterWorking(const CpuContext& ctx, at::Tensor& working, at::Tensor
   premultiply(working, op);
   AlgorithmArgs args = argsFor(ctx, working);
   args.count = static_cast<size_t>(output.numel());
-  args.reduce = selectReduceFn(working.scalar_type(), op.op_);
+  args.reduce = selectReduceFn(working.scalar_type(), op.op_, *ctx.kernels);
+  args.reduceMany = selectReduceManyFn(working.scalar_type(), op.op_, *ctx.kernels);
   runCollective(ctx, Collective::kReduceScatter, args, working.nbytes(), working.scalar_type(), op.op_);
   at::Tensor mine = working.narrow(0, ctx.transport.rank() * output.numel(), output.numel());
   finishReduction(mine, op, size);
@@ -274,7 +293,8 @@ void allreduce(const CpuContext& ctx, at::Tensor& tensor, const c10d::ReduceOp& 
   withContiguous(tensor, [&](at::Tensor& dense) {
     premultiply(dense, op);
     AlgorithmArgs args = argsFor(ctx, dense);
-    args.reduce = selectReduceFn(dense.scalar_type(), op.op_);
+    args.reduce = selectReduceFn(dense.scalar_type(), op.op_, *ctx.kernels);
+    args.reduceMany = selectReduceManyFn(dense.scalar_type(), op.op_, *ctx.kernels);
     runCollective(ctx, Collective::kAllreduce, args, dense.nbytes(), dense.scalar_type(), op.op_);
   });
   finishReduction(tensor, op, ctx.transport.size());
@@ -319,7 +339,8 @@ void reduce(const CpuContext& ctx, at::Tensor& tensor, int root, const c10d::Red
   premultiply(accumulator, op);
   AlgorithmArgs args = argsFor(ctx, accumulator);
   args.root = root;
-  args.reduce = selectReduceFn(accumulator.scalar_type(), op.op_);
+  args.reduce = selectReduceFn(accumulator.scalar_type(), op.op_, *ctx.kernels);
+  args.reduceMany = selectReduceManyFn(accumulator.scalar_type(), op.op_, *ctx.kernels);
   runCollective(ctx, Collective::kReduce, args, accumulator.nbytes(), accumulator.scalar_type(), op.op_);
   if (isRoot) {
     finishReduction(accumulator, op, ctx.transport.size());

@@ -9,6 +9,7 @@
 #include "common/errors.hpp"
 #include "cpu/algorithms/algorithm.hpp"
 #include "cpu/mpi_collectives.hpp"
+#include "cpu/shm/host_hierarchy.hpp"
 #include "cpu/shm/shm_group.hpp"
 
 #include <ATen/ATen.h>
@@ -28,13 +29,17 @@ struct CpuContext {
   // Set when the group runs with DDPLITE_CPU_TRANSPORT=mpi: collectives it handles go to MPI,
   // the rest (and p2p) through `transport`.
   const MpiCollectives* mpi = nullptr;
-  // Set when the group runs with DDPLITE_CPU_TRANSPORT=shm: allreduce, broadcast, reduce,
-  // allgather, reduce_scatter and barrier go through shared memory (cpu/shm/); gather, scatter,
-  // all_to_all and point-to-point through `transport`.
+  // Set when the group runs on shared memory (cpu/shm/): every collective goes through it
+  // unless its algorithm is pinned; point-to-point through `transport`.
   ShmGroup* shm = nullptr;
   // Set when this rank refused the op just before this one (its sequence number): peers that ran
   // it may be waiting for this rank, or have left bytes for it, on a path this op does not use.
   uint64_t refusedSeq = 0;
+  // The group's reduction kernels (fixed when it was created: DDPLITE_CPU_KERNELS).
+  const KernelSet* kernels = nullptr;
+  // Set when the group spans hosts and some share one (cpu/shm/host_hierarchy.hpp): all_reduce
+  // runs hierarchically; every other collective over `transport` (announced in the host's segment).
+  HostHierarchy* hosts = nullptr;
 };
 
 void allreduce(const CpuContext& ctx, at::Tensor& tensor, const c10d::ReduceOp& op);

@@ -10,12 +10,12 @@ constexpr const char* kFailureKey = "ddplite/failure";
 }  // namespace
 
 void StoreRendezvous::set(const std::string& key, const std::string& value) {
-  store_->set(kNamespace + key, std::vector<uint8_t>(value.begin(), value.end()));
+  store_->set(kNamespace + prefix_ + key, std::vector<uint8_t>(value.begin(), value.end()));
 }
 
 std::string StoreRendezvous::get(const std::string& key, const std::string& waitingFor) {
   try {
-    auto bytes = store_->get(kNamespace + key);
+    auto bytes = store_->get(kNamespace + prefix_ + key);
     return std::string(bytes.begin(), bytes.end());
   } catch (const std::exception& error) {
     throwDistError(strCat("rendezvous failed while waiting for ", waitingFor, ": ", error.what()),

@@ -17,6 +17,14 @@ class StoreRendezvous {
  public:
   explicit StoreRendezvous(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
 
+  // The same store with every set/get key under `prefix` as well (a subset of the group's ranks
+  // running a set-up of their own); the failure record stays the group's.
+  StoreRendezvous prefixed(const std::string& prefix) const {
+    StoreRendezvous view(store_);
+    view.prefix_ = prefix_ + prefix;
+    return view;
+  }
+
   void set(const std::string& key, const std::string& value);
   // Blocks until the key exists or the store's timeout passes (then throws DistBackendError).
   std::string get(const std::string& key, const std::string& waitingFor);
@@ -29,6 +37,7 @@ class StoreRendezvous {
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
+  std::string prefix_;
 };
 
 }  // namespace ddplite

@@ -23,6 +23,7 @@ def common_options():
                              "(default: ddplite,gloo on cpu; ddplite,nccl,gloo on cuda). ddplite-mpi is ddplite "
                              "with DDPLITE_CPU_TRANSPORT=mpi (MPI's collectives; launch with mpirun); "
                              "ddplite-unchecked is ddplite with DDPLITE_FINGERPRINT=0 (to measure the check); "
+                             "ddplite-generic is ddplite with DDPLITE_CPU_KERNELS=generic (baseline reduction kernels); "
                              "ddplite-shm is ddplite with DDPLITE_CPU_TRANSPORT=shm (shared memory); memcpy is the "
                              "reference: every rank copies the same bytes between two of its own buffers at once "
                              "(algbw = busbw = bytes / time)")
@@ -93,7 +94,7 @@ def known_backends(device):
 
     import torch_ddp_lite
 
-    known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-shm", "ddplite-unchecked", MEMCPY]
+    known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-shm", "ddplite-unchecked", "ddplite-generic", MEMCPY]
     if torch_ddp_lite.build_info()["mpi"]:
         known.append("ddplite-mpi")
     if dist.is_mpi_available():

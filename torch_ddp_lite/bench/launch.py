@@ -106,12 +106,14 @@ def _share_cores(world_size):
 
 # Columns that are ddplite with other settings: {column: (torch backend, DDPLITE_* variables read
 # when the column's group is created)}. "ddplite-mpi" is MPI's own collectives and needs the ranks
-# launched by mpirun; "ddplite-unchecked" has the wire fingerprint off (its cost, docs/reliability.md).
+# launched by mpirun; "ddplite-unchecked" has the wire fingerprint off (its cost, docs/reliability.md);
+# "ddplite-generic" reduces with the x86-64 baseline kernels instead of the widest set the CPU runs.
 BACKEND_VARIANTS = {
     "ddplite-mpi": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "mpi"}),
     "ddplite-tcp": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "tcp"}),
     "ddplite-shm": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "shm"}),
     "ddplite-unchecked": ("ddplite", {"DDPLITE_FINGERPRINT": "0"}),
+    "ddplite-generic": ("ddplite", {"DDPLITE_CPU_KERNELS": "generic"}),
 }
 
 

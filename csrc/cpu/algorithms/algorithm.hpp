@@ -9,7 +9,7 @@
 // beta = per-byte transfer time, gamma = per-byte reduction time.
 #pragma once
 
-#include "cpu/reduce_kernels.hpp"
+#include "cpu/reduce/reduce_kernels.hpp"
 #include "cpu/transport/transport.hpp"
 
 #include <algorithm>
@@ -43,6 +43,7 @@ struct AlgorithmArgs {
   size_t count;
   size_t elementSize;        // bytes per element
   ReduceFn reduce = nullptr; // for reductions
+  ReduceManyFn reduceMany = nullptr;  // the same reduction over many sources at once (shared memory)
   int root = 0;              // for rooted collectives
 };
 

@@ -1,106 +1,121 @@
-#include "cpu/reduce_kernels.hpp"
+#include "cpu/reduce/reduce_kernels.hpp"
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include "common/env.hpp"
+#include "common/errors.hpp"
+#include "cpu/reduce/kernel_sets.hpp"
 
-#include <algorithm>
-#include <cstdint>
+#include <cstring>
+#include <stdexcept>
 
 namespace ddplite::cpu {
+
+struct KernelSet {
+  const char* name;
+  kernels::KernelPair (*select)(c10::ScalarType, c10d::ReduceOp::RedOpType);
+};
 
 namespace {
 
 using RedOpType = c10d::ReduceOp::RedOpType;
 
-struct Sum { template <typename T> static T apply(T a, T b) { return a + b; } };
-struct Product { template <typename T> static T apply(T a, T b) { return a * b; } };
-struct Min { template <typename T> static T apply(T a, T b) { return std::min(a, b); } };
-struct Max { template <typename T> static T apply(T a, T b) { return std::max(a, b); } };
-struct BitAnd { template <typename T> static T apply(T a, T b) { return a & b; } };
-struct BitOr { template <typename T> static T apply(T a, T b) { return a | b; } };
-struct BitXor { template <typename T> static T apply(T a, T b) { return a ^ b; } };
+// Narrowest first.
+const KernelSet kSets[] = {
+    {"generic", &kernels::genericKernels},
+    {"avx2", &kernels::avx2Kernels},
+    {"avx512", &kernels::avx512Kernels},
+};
 
-template <typename T, typename Op>
-void reduceLoop(void* dst, const void* src, size_t count) {
-  T* out = static_cast<T*>(dst);
-  const T* in = static_cast<const T*>(src);
-  for (size_t i = 0; i < count; ++i) {
-    out[i] = Op::apply(out[i], in[i]);
+bool cpuRuns(const KernelSet& set) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (std::strcmp(set.name, "avx2") == 0) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   }
-}
-
-// 16-bit floats: widen to float, reduce, round back (one rounding per step, like gloo).
-template <typename T, typename Op>
-void reduceLoopWidened(void* dst, const void* src, size_t count) {
-  T* out = static_cast<T*>(dst);
-  const T* in = static_cast<const T*>(src);
-  for (size_t i = 0; i < count; ++i) {
-    out[i] = static_cast<T>(Op::apply(static_cast<float>(out[i]), static_cast<float>(in[i])));
+  if (std::strcmp(set.name, "avx512") == 0) {
+    // libgcc also checks that the OS saves the AVX-512 registers (XCR0).
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("f16c");
   }
+#endif
+  return std::strcmp(set.name, "generic") == 0;
 }
 
-// bool is stored as one byte holding 0 or 1: SUM/MAX are OR, PRODUCT/MIN are AND.
-template <typename Op>
-void reduceBool(void* dst, const void* src, size_t count) {
-  reduceLoop<uint8_t, Op>(dst, src, count);
-}
-
-template <typename T>
-ReduceFn selectArithmetic(RedOpType op) {
-  switch (op) {
-    case RedOpType::SUM:
-    case RedOpType::AVG:  // summed here, divided by the world size afterwards
-      return &reduceLoop<T, Sum>;
-    case RedOpType::PRODUCT: return &reduceLoop<T, Product>;
-    case RedOpType::MIN: return &reduceLoop<T, Min>;
-    case RedOpType::MAX: return &reduceLoop<T, Max>;
-    default: return nullptr;
+const KernelSet* findSet(const std::string& name) {
+  for (const KernelSet& set : kSets) {
+    if (name == set.name) return &set;
   }
+  return nullptr;
 }
 
-// PREMUL_SUM: the caller has already multiplied the input by the factor; what remains is a sum.
-template <typename T>
-ReduceFn selectFloating(RedOpType op) {
-  return op == RedOpType::PREMUL_SUM ? &reduceLoop<T, Sum> : selectArithmetic<T>(op);
-}
-
-template <typename T>
-ReduceFn selectWidened(RedOpType op) {
-  switch (op) {
-    case RedOpType::SUM:
-    case RedOpType::AVG:
-    case RedOpType::PREMUL_SUM: return &reduceLoopWidened<T, Sum>;
-    case RedOpType::PRODUCT: return &reduceLoopWidened<T, Product>;
-    case RedOpType::MIN: return &reduceLoopWidened<T, Min>;
-    case RedOpType::MAX: return &reduceLoopWidened<T, Max>;
-    default: return nullptr;
-  }
-}
-
-template <typename T>
-ReduceFn selectIntegral(RedOpType op) {
-  switch (op) {
-    case RedOpType::BAND: return &reduceLoop<T, BitAnd>;
-    case RedOpType::BOR: return &reduceLoop<T, BitOr>;
-    case RedOpType::BXOR: return &reduceLoop<T, BitXor>;
-    default: return selectArithmetic<T>(op);
-  }
-}
-
-ReduceFn selectBool(RedOpType op) {
-  switch (op) {
-    case RedOpType::SUM:
-    case RedOpType::MAX:
-    case RedOpType::BOR: return &reduceBool<BitOr>;
-    case RedOpType::PRODUCT:
-    case RedOpType::MIN:
-    case RedOpType::BAND: return &reduceBool<BitAnd>;
-    case RedOpType::BXOR: return &reduceBool<BitXor>;
-    default: return nullptr;
-  }
+std::string joined(const std::vector<std::string>& names) {
+  std::string text;
+  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text;
 }
 
 }  // namespace
+
+const std::vector<std::string>& kernelSetNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all;
+    for (const KernelSet& set : kSets) all.emplace_back(set.name);
+    return all;
+  }();
+  return names;
+}
+
+std::vector<std::string> runnableSetNames() {
+  std::vector<std::string> names;
+  for (const KernelSet& set : kSets) {
+    if (cpuRuns(set)) names.emplace_back(set.name);
+  }
+  return names;
+}
+
+const std::string& kernelSetName(const KernelSet& set) {
+  static const std::vector<std::string>& names = kernelSetNames();
+  return names[&set - kSets];
+}
+
+const KernelSet& kernelSetFromEnv() {
+  const std::string choice = env::cpuKernels();
+  if (choice == "auto") {
+    const KernelSet* widest = &kSets[0];
+    for (const KernelSet& set : kSets) {
+      if (cpuRuns(set)) widest = &set;
+    }
+    return *widest;
+  }
+  const KernelSet* pinned = findSet(choice);
+  if (pinned == nullptr || !cpuRuns(*pinned)) {
+    throw std::invalid_argument(strCat("DDPLITE_CPU_KERNELS='", choice, "' is not a valid value",
+                                       pinned == nullptr ? "" : " on this CPU (it lacks the instructions)",
+                                       "; use one of: auto (the default), ", joined(runnableSetNames())));
+  }
+  return *pinned;
+}
+
+const KernelSet& kernelSetNamed(const std::string& name) {
+  const KernelSet* set = findSet(name);
+  if (set == nullptr || !cpuRuns(*set)) {
+    throw std::invalid_argument(strCat("no kernel set '", name, "' this CPU runs; it runs: ", joined(runnableSetNames())));
+  }
+  return *set;
+}
+
+ReduceFn selectReduceFn(c10::ScalarType dtype, RedOpType op, const KernelSet& set) {
+  return set.select(dtype, op).pairwise;
+}
+
+ReduceManyFn selectReduceManyFn(c10::ScalarType dtype, RedOpType op, const KernelSet& set) {
+  return set.select(dtype, op).many;
+}
+
+ReduceFn selectReduceFn(c10::ScalarType dtype, RedOpType op) {
+  static const KernelSet& first = kernelSetFromEnv();
+  return selectReduceFn(dtype, op, first);
+}
 
 bool isSupportedDtype(c10::ScalarType dtype) {
   switch (dtype) {
@@ -109,21 +124,6 @@ bool isSupportedDtype(c10::ScalarType dtype) {
       return true;
     default:
       return false;
-  }
-}
-
-ReduceFn selectReduceFn(c10::ScalarType dtype, RedOpType op) {
-  switch (dtype) {
-    case c10::kFloat: return selectFloating<float>(op);
-    case c10::kDouble: return selectFloating<double>(op);
-    case c10::kHalf: return selectWidened<c10::Half>(op);
-    case c10::kBFloat16: return selectWidened<c10::BFloat16>(op);
-    case c10::kChar: return selectIntegral<int8_t>(op);
-    case c10::kByte: return selectIntegral<uint8_t>(op);
-    case c10::kInt: return selectIntegral<int32_t>(op);
-    case c10::kLong: return selectIntegral<int64_t>(op);
-    case c10::kBool: return selectBool(op);
-    default: return nullptr;
   }
 }
 
@@ -143,7 +143,7 @@ const char* reduceOpName(RedOpType op) {
 }
 
 std::string reduceOpProblem(c10::ScalarType dtype, RedOpType op) {
-  if (selectReduceFn(dtype, op) != nullptr) {
+  if (kernels::genericKernels(dtype, op).pairwise != nullptr) {  // every set supports the same pairs
     return "";
   }
   std::string name = reduceOpName(op);

@@ -11,16 +11,24 @@
 #include "cpu/algorithms/algorithm.hpp"
 #include "cpu/shm/shm_group.hpp"
 
+#include <c10/util/SmallVector.h>
+
 #include <cstring>
+
+namespace ddplite::cpu {
+class HostHierarchy;
+}  // namespace ddplite::cpu
 
 namespace ddplite::cpu::shm {
 
 // out[0, count) = the elements at byte `offset` of every rank's buffer for `step`, reduced in rank
-// order 0, 1, ..., P-1 (so every rank that computes them gets the same bits).
+// order 0, 1, ..., P-1 in one pass over all P buffers (so every rank that computes them gets the
+// same bits; half and bfloat16 round once, after all P). `out` is not in the segment.
 inline void reduceInRankOrder(const ShmGroup& group, const AlgorithmArgs& args, char* out, size_t offset,
                               size_t count, uint32_t step) {
-  std::memcpy(out, group.buffer(0, step) + offset, count * args.elementSize);
-  for (int owner = 1; owner < group.size(); ++owner) args.reduce(out, group.buffer(owner, step) + offset, count);
+  c10::SmallVector<const void*, 16> sources;
+  for (int owner = 0; owner < group.size(); ++owner) sources.push_back(group.buffer(owner, step) + offset);
+  args.reduceMany(out, sources.data(), group.size(), count);
 }
 
 void allreduce(ShmGroup& group, const AlgorithmArgs& args);      // allreduce.cpp
@@ -32,6 +40,10 @@ void barrier(ShmGroup& group, const AlgorithmArgs& args);        // barrier.cpp
 // gather, scatter and all_to_all (`kind`); exchangeFits: whether the group's chunk leaves each
 // peer a slot of at least 64 bytes (else the exchange goes over TCP).
 bool exchangeFits(const ShmGroup& group);
+// all_reduce of a group across hosts (allreduce_hierarchical.cpp). `fingerprint`: the op's, as
+// on TCP; `bufferBytes` as in selectAlgorithm; `refusedSeq` as in ShmGroup::beginCollective.
+void allreduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
+                          size_t bufferBytes, uint64_t refusedSeq);
 void exchange(ShmGroup& group, const ExchangeArgs& args, WireKind kind);  // exchange.cpp
 
 }  // namespace ddplite::cpu::shm

@@ -87,7 +87,8 @@ struct alignas(kAlignment) ShmGroup::RankControl {
 };
 
 std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
-                                           size_t chunkBytes, std::string* whyNot, bool* spansHosts) {
+                                           size_t chunkBytes, std::string* whyNot, bool* spansHosts,
+                                           std::vector<int> processGroupRanks) {
   chunkBytes = roundUp(chunkBytes, kAlignment);
   const size_t bytes = roundUp(sizeof(RankControl) * size, kAlignment) + 2 * chunkBytes * size;
   if (chunkBytes > kMaxChunkBytes) {  // env.cpp caps the knob; this keeps the size arithmetic exact
@@ -101,6 +102,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
     return nullptr;
   }
   std::unique_ptr<ShmGroup> group(new ShmGroup(std::move(outcome.segment), liveness, rank, size, chunkBytes));
+  group->processGroupRanks_ = std::move(processGroupRanks);
   group->control(rank).pid = static_cast<uint32_t>(getpid());
   // Every rank's pid is visible to the others after this store round trip.
   rendezvous.set(strCat("shm/ready/", rank), "1");
@@ -326,7 +328,8 @@ void ShmGroup::abort() {
 
 std::string ShmGroup::describePeer(int peer) const {
   if (peer < 0 || peer >= size_) return strCat("rank ", peer);
-  return strCat("rank ", peer, " (pid ", control(peer).pid, ", shared memory on this host)");
+  const int named = processGroupRanks_.empty() ? peer : processGroupRanks_[static_cast<size_t>(peer)];
+  return strCat("rank ", named, " (pid ", control(peer).pid, ", shared memory on this host)");
 }
 
 }  // namespace ddplite::cpu

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ddplite::cpu {
 
@@ -54,8 +55,11 @@ class ShmGroup {
   // Collective over the group (through the store). Null with *whyNot when the ranks cannot
   // share memory (another host: *spansHosts; /dev/shm full, ...). `liveness` is the group's TCP
   // mesh: a closed connection is how a dead peer is noticed. The same outcome on every rank.
+  // `processGroupRanks`: what errors call rank i, when the ShmGroup is part of a process group
+  // (the ranks of one host; HostHierarchy); empty: i itself.
   static std::unique_ptr<ShmGroup> create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
-                                          size_t chunkBytes, std::string* whyNot, bool* spansHosts);
+                                          size_t chunkBytes, std::string* whyNot, bool* spansHosts,
+                                          std::vector<int> processGroupRanks = {});
   ~ShmGroup();
 
   int rank() const { return rank_; }
@@ -128,6 +132,7 @@ class ShmGroup {
   Transport& liveness_;
   const int rank_;
   const int size_;
+  std::vector<int> processGroupRanks_;  // see create(); empty: the identity
   const size_t chunkBytes_;
   // How long a waiter spins before it blocks (and peersStarted() waits at most): kSpin, or 0 when
   // the group has more ranks than this process has CPUs (spinning would starve the peers).

@@ -2,7 +2,7 @@
 
 #include "common/errors.hpp"
 #include "cpu/algorithms/selector.hpp"
-#include "cpu/reduce_kernels.hpp"
+#include "cpu/reduce/reduce_kernels.hpp"
 
 #include <c10/core/ScalarType.h>
 

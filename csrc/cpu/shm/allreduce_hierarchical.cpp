@@ -1,0 +1,53 @@
+// Allreduce of a group across hosts (HostHierarchy): shared memory inside each host, TCP only
+// between the hosts' leaders.
+//
+// Steps (L ranks on this host, H hosts, S bytes):
+//   1. reduce to the host's leader through the host's segment (reduce.cpp; rank order inside
+//      the host);
+//   2. the leaders all-reduce over TCP with the algorithm the selector picks for H ranks and S
+//      bytes (ring, butterfly, ...; the same rule as a flat group of H ranks);
+//   3. the leader broadcasts the result through the segment (broadcast.cpp).
+// Every rank ends with the leader's bits, so every rank of the group holds the same result.
+// Each part is fingerprinted like any collective: steps 1 and 3 in the segment, step 2 on the
+// wire; a rank in another collective is reported, never mixed in.
+//
+// Cost: memory, as reduce + broadcast on L ranks (leader R = (L+1)S + S, W = 2S; others R = S,
+// W = 2S). Network: only the leaders send, each as the chosen algorithm on H ranks (ring:
+// 2(H-1)/H * S each way) instead of every rank as on P = L*H ranks; the loopback copies of the
+// ranks on one host disappear.
+#include "cpu/algorithms/selector.hpp"
+#include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/shm/shm_algorithms.hpp"
+
+namespace ddplite::cpu::shm {
+
+void allreduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
+                          size_t bufferBytes, uint64_t refusedSeq) {
+  Fingerprint local = fingerprint;
+  local.algorithm = kShmAlgorithmIndex;
+  local.algorithmName = "shm";
+  if (ShmGroup* group = hosts.local()) {
+    AlgorithmArgs toLeader = args;
+    toLeader.root = 0;
+    group->beginCollective(local, refusedSeq);
+    reduce(*group, toLeader);
+  }
+  if (Transport* leaders = hosts.leaders()) {
+    const Selection selection = selectAlgorithm(Collective::kAllreduce, bufferBytes, leaders->size());
+    Fingerprint wire = fingerprint;
+    wire.algorithm = selection.index;
+    wire.algorithmName = selection.name;
+    leaders->beginCollective(wire);
+    AlgorithmArgs among{*leaders, args.deadline, args.scratch, args.data, args.count, args.elementSize,
+                        args.reduce, args.reduceMany, 0};
+    selection.run(among);
+  }
+  if (ShmGroup* group = hosts.local()) {
+    AlgorithmArgs fromLeader = args;
+    fromLeader.root = 0;
+    group->beginCollective(local, refusedSeq);
+    broadcast(*group, fromLeader);
+  }
+}
+
+}  // namespace ddplite::cpu::shm

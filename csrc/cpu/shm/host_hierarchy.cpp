@@ -1,0 +1,86 @@
+#include "cpu/shm/host_hierarchy.hpp"
+
+#include "common/errors.hpp"
+
+#include <c10/util/StringUtil.h>
+
+#include <map>
+
+namespace ddplite::cpu {
+
+namespace {
+
+// The group's ranks by host, hosts in the order of their lowest rank, ranks ascending.
+std::vector<std::vector<int>> ranksByHost(StoreRendezvous& rendezvous, int size) {
+  std::vector<std::vector<int>> hosts;
+  std::map<std::string, size_t> hostOf;
+  for (int member = 0; member < size; ++member) {
+    // published by every rank in ShmSegment::create before it compared identities
+    const std::string identity =
+        rendezvous.get(strCat("shm/host/", member), strCat("rank ", member, "'s host identity"));
+    const auto [at, added] = hostOf.emplace(identity, hosts.size());
+    if (added) hosts.emplace_back();
+    hosts[at->second].push_back(member);
+  }
+  return hosts;
+}
+
+std::string describeLayout(const std::vector<std::vector<int>>& hosts) {
+  std::string text = strCat(hosts.size(), " hosts: ranks ");
+  for (size_t host = 0; host < hosts.size(); ++host) {
+    text += (host == 0 ? "" : " | ") + c10::Join(",", hosts[host]);
+  }
+  return text;
+}
+
+}  // namespace
+
+std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous, Transport& mesh, int rank, int size,
+                                                     size_t chunkBytes, std::string* whyNot) {
+  const std::vector<std::vector<int>> hosts = ranksByHost(rendezvous, size);
+  bool anyShared = false;
+  for (const auto& ranks : hosts) anyShared = anyShared || ranks.size() > 1;
+  if (!anyShared) {
+    *whyNot = strCat("every host holds one rank (", describeLayout(hosts), ")");
+    return nullptr;
+  }
+  std::unique_ptr<HostHierarchy> hierarchy(new HostHierarchy());
+  hierarchy->hosts_ = static_cast<int>(hosts.size());
+  hierarchy->layout_ = describeLayout(hosts);
+  std::vector<int> leaders;
+  const std::vector<int>* mine = nullptr;
+  for (const auto& ranks : hosts) {
+    leaders.push_back(ranks.front());
+    for (int member : ranks) {
+      if (member == rank) mine = &ranks;
+    }
+  }
+  DDPLITE_ENFORCE(mine != nullptr, "rank ", rank, " is on no host");
+  // This host's segment, through keys of its own (the leader names the host).
+  std::string failure;
+  if (mine->size() > 1) {
+    StoreRendezvous local = rendezvous.prefixed(strCat("host/", mine->front(), "/"));
+    hierarchy->localView_ = std::make_unique<RankView>(mesh, *mine);
+    bool spansHosts = false;
+    hierarchy->local_ = ShmGroup::create(local, *hierarchy->localView_, hierarchy->localView_->rank(),
+                                         hierarchy->localView_->size(), chunkBytes, &failure, &spansHosts, *mine);
+  }
+  // Every rank learns whether every host got its segment: all use the hierarchy, or none does.
+  rendezvous.set(strCat("hierarchy/", rank), failure.empty() ? "ok" : failure);
+  for (int member = 0; member < size; ++member) {
+    const std::string report =
+        rendezvous.get(strCat("hierarchy/", member), strCat("rank ", member, " setting up its host's shared memory"));
+    if (report != "ok") {
+      *whyNot = strCat("rank ", member, " could not share memory with its host's ranks: ", report);
+      return nullptr;
+    }
+  }
+  if (rank == mine->front() && hosts.size() > 1) hierarchy->leaders_ = std::make_unique<RankView>(mesh, leaders);
+  return hierarchy;
+}
+
+void HostHierarchy::abort() {
+  if (local_) local_->abort();
+}
+
+}  // namespace ddplite::cpu
