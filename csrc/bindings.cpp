@@ -119,6 +119,10 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("backend"), "(CPU collective transport, why it was chosen) of a ddplite group.");
   m.def(
+      "group_p2p_path",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) { return std::string(asDdplite(backend).p2pPathName()); },
+      py::arg("backend"), "What carries a ddplite group's send/recv: 'shared-memory channels' or 'TCP'.");
+  m.def(
       "bootstrap_broadcast",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& key, const std::string& blob, int root) {
         ddplite::DdpliteBackend& group = asDdplite(backend);

@@ -155,3 +155,55 @@ def half_sums_rounded_once(rank, world_size, counts):
                     failures.append(f"{name} {dtype} n={count}: not the once-rounded sum at {wrong}: "
                                     f"{actual[wrong].tolist()} vs {wanted[wrong].tolist()}")
     return {"failures": failures, "checked": checked}
+
+
+def p2p_through_channels(rank, world_size, sizes):
+    """send/recv between every pair, in both directions at once (isend + irecv), of messages from
+    0 bytes to several times a channel's ring, then any-source receives; returns what carried
+    them and the mismatches."""
+    import torch_ddp_lite
+
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    failures = []
+
+    def message(sender, receiver, count, k):
+        return (torch.arange(count, dtype=torch.float32) * (sender + 1) + 1000 * receiver + k)
+
+    for k, count in enumerate(sizes):
+        works, received = [], {}
+        for peer in range(world_size):
+            if peer == rank:
+                continue
+            received[peer] = torch.empty(count)
+            works.append(dist.irecv(received[peer], src=peer, tag=k))
+            works.append(dist.isend(message(rank, peer, count, k), dst=peer, tag=k))
+        for work in works:
+            work.wait()
+        for peer, tensor in received.items():
+            if not torch.equal(tensor, message(peer, rank, count, k)):
+                failures.append(f"{count} floats from rank {peer}: {tensor[:3].tolist()}")
+    if rank == 0:
+        for _ in range(world_size - 1):
+            tensor = torch.empty(5)
+            source = dist.recv(tensor, tag=99)
+            if not torch.equal(tensor, message(source, 0, 5, 99)):
+                failures.append(f"any-source message from rank {source}: {tensor.tolist()}")
+    else:
+        dist.send(message(rank, 0, 5, 99), dst=0, tag=99)
+    return {"path": torch_ddp_lite._load_extension().group_p2p_path(backend), "failures": failures}
+
+
+def killed_while_peer_receives(rank, world_size):
+    """Rank 1 kill -9s itself while rank 0 waits in a recv from it (group timeout 60 s)."""
+    tensor = torch.ones(1000)
+    if rank == 1:
+        dist.send(tensor, dst=0)  # the first message arrives; then nothing more
+        time.sleep(0.3)
+        os.kill(os.getpid(), 9)
+    dist.recv(tensor, src=1)
+    start = time.monotonic()
+    try:
+        dist.recv(tensor, src=1)
+        return {"type": None}
+    except Exception as error:  # noqa: BLE001
+        return {"type": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}

@@ -69,6 +69,7 @@ def test_bus_bandwidth_factors_match_nccl_tests(world_size, all_reduce, split_op
     for op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
         assert bus_bandwidth_factor(op, world_size) == pytest.approx(split_ops)
     assert bus_bandwidth_factor("broadcast", world_size) == 1.0
+    assert bus_bandwidth_factor("sendrecv", world_size) == 1.0
     assert bus_bandwidth_factor("barrier", world_size) is None
 
 

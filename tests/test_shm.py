@@ -1,5 +1,5 @@
 """The shared-memory path (csrc/cpu/shm/; the default, pinned here with DDPLITE_CPU_TRANSPORT=shm):
-every collective through one segment per group; send/recv over TCP in the same group.
+every collective through one segment per group; send/recv through shared-memory channels.
 
 Sweeps against the closed form and gloo (tests/sweeps.py) with a 4 KiB chunk, so that 1000 and
 5000 elements span several chunks and both allreduce variants (reduce-all below 16 KiB,
@@ -72,6 +72,26 @@ def test_half_precision_sums_round_once_like_torch(world_size):
     for result in results:
         assert result["failures"] == [], "\n".join(result["failures"][:10])
         assert result["checked"] >= 2 * 3 * 2
+
+
+@pytest.mark.parametrize("world_size,transport", [(2, "auto"), (3, "shm"), (4, "auto"), (2, "tcp")])
+def test_send_recv_through_shared_memory_channels(world_size, transport):
+    """Every pair at once in both directions, from 0 bytes to 16x a channel's 256 KiB ring, then
+    any-source receives: exact, through shared-memory channels on one host (TCP when pinned)."""
+    sizes = [0, 1, 1000, 65536, 1 << 20]
+    results = run_ranks(shm_workers.p2p_through_channels, world_size, sizes,
+                        env={"DDPLITE_CPU_TRANSPORT": transport}, timeout_s=300)
+    for result in results:
+        assert result["failures"] == [], result["failures"][:5]
+        assert result["path"] == ("TCP" if transport == "tcp" else "shared-memory channels")
+
+
+def test_rank_killed_while_its_peer_receives_is_reported_within_seconds():
+    results = run_ranks(shm_workers.killed_while_peer_receives, 2, pg_timeout_s=60, timeout_s=120, may_exit={1})
+    outcome = results[0]
+    assert outcome["type"] == "DistBackendError", outcome
+    assert "rank 1" in outcome["message"] and "closed its point-to-point channels" in outcome["message"], outcome
+    assert outcome["seconds"] < 5.0, outcome
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

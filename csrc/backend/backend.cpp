@@ -5,6 +5,7 @@
 #include "common/logging.hpp"
 #include "cpu/algorithms/selector.hpp"
 #include "cpu/reduce/reduce_kernels.hpp"
+#include "cpu/shm/channels.hpp"
 #include "cpu/transport/tcp.hpp"
 
 #include <c10/util/StringUtil.h>
@@ -148,14 +149,13 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   connectMpi(wantsMpiTransport(rank, size));
   const Deadline connectBy = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
   transport_ = TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "", env::fingerprintChecks());
-  p2p_ = std::make_unique<cpu::P2pEngine>(TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "p2p/",
-                                                                             /*checkFingerprints=*/false));
   connectSharedMemory();
+  p2p_ = std::make_unique<cpu::P2pEngine>(connectPointToPoint(connectBy));
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
                                       [this](std::chrono::milliseconds t) { return resolveTimeout(t); }});
   worker_ = std::make_unique<Worker>();
   DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " ready (timeout ", timeoutMs_.load(), " ms, CPU collectives over ",
-              cpuTransportName(), ", bootstrap over ", bootstrap_->name(), ")");
+              cpuTransportName(), ", send/recv over ", p2pPath_, ", bootstrap over ", bootstrap_->name(), ")");
   init();
 }
 
@@ -196,7 +196,7 @@ void DdpliteBackend::connectSharedMemory() {
   }
   cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=", requested, ", and all ", size_, " ranks share this host");
   DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives through shared memory (", shm_->segmentName(),
-              ", unlinked; ", cpuPathWhy_, "); send/recv over TCP");
+              ", unlinked; ", cpuPathWhy_, ")");
 }
 
 // A group across hosts (DDPLITE_CPU_TRANSPORT=auto): shared memory inside each host for
@@ -214,6 +214,24 @@ void DdpliteBackend::connectHostHierarchy(const std::string& spansHosts) {
                        ": all_reduce within each host through shared memory and across hosts over TCP among one "
                        "leader per host; other collectives over TCP");
   DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": ", cpuPathWhy_);
+}
+
+// send/recv: through shared-memory channels when the group has a segment (every rank on this
+// host), else over a TCP mesh of their own. A channel segment that cannot be made falls back to
+// TCP on every rank (ShmSegment::create's outcome is the same everywhere).
+std::unique_ptr<Transport> DdpliteBackend::connectPointToPoint(Deadline connectBy) {
+  if (shm_) {
+    std::string whyNot;
+    StoreRendezvous channelKeys = rendezvous_.prefixed("p2p-shm/");
+    if (auto channels = cpu::ShmChannels::create(channelKeys, rank_, size_, &whyNot)) {
+      p2pPath_ = "shared-memory channels";
+      return channels;
+    }
+    DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": send/recv go over TCP, their shared-memory channels could not "
+                "be set up: ", whyNot);
+  }
+  p2pPath_ = "TCP";
+  return TcpTransport::connectFullMesh(rendezvous_, rank_, size_, connectBy, "p2p/", /*checkFingerprints=*/false);
 }
 
 void DdpliteBackend::connectMpi(bool mpiTransport) {

@@ -101,6 +101,8 @@ class DdpliteBackend final : public c10d::Backend {
     return mpiCollectives_ ? "mpi" : shm_ ? "shm" : hosts_ ? "hierarchical" : "tcp";
   }
   const std::string& cpuPathReason() const { return cpuPathWhy_; }
+  // "shared-memory channels" or "TCP".
+  const char* p2pPathName() const { return p2pPath_; }
   // The reduction kernels its CPU collectives use (DDPLITE_CPU_KERNELS when it was created).
   const std::string& kernelSetName() const { return cpu::kernelSetName(*kernels_); }
 
@@ -145,6 +147,7 @@ class DdpliteBackend final : public c10d::Backend {
   void connectMpi(bool mpiTransport);
   void connectSharedMemory();
   void connectHostHierarchy(const std::string& spansHosts);
+  std::unique_ptr<Transport> connectPointToPoint(Deadline connectBy);
 
   StoreRendezvous rendezvous_;
   std::atomic<int64_t> timeoutMs_;
@@ -160,6 +163,7 @@ class DdpliteBackend final : public c10d::Backend {
   // set when the group spans hosts and some host holds several of its ranks (connectHostHierarchy)
   std::unique_ptr<cpu::HostHierarchy> hosts_;
   std::string cpuPathWhy_;  // written once in the constructor
+  const char* p2pPath_ = "TCP";  // what carries send/recv: written once in the constructor
   std::atomic<uint64_t> p2pSeq_{0};
   cpu::Scratch scratch_;  // worker thread only
   const cpu::KernelSet* kernels_ = nullptr;  // written once in the constructor

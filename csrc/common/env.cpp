@@ -110,7 +110,7 @@ const std::vector<Knob>& allKnobs() {
       {kCpuTransport, *kTransports.begin(),
        "What carries CPU collectives: 'auto' (shared memory when all ranks of a group share a host, else "
        "ddplite's TCP transport; a segment that cannot be made falls back to TCP with a warning), 'tcp', "
-       "'shm' (shared memory or an error; send/recv still go over tcp) or 'mpi' (MPI's own collectives on the group's "
+       "'shm' (shared memory or an error) or 'mpi' (MPI's own collectives on the group's "
        "communicator; needs a build with MPI and a job launched by mpirun). Must be the same on every rank"},
       {kShmChunkBytes, std::to_string(kDefaultShmChunkBytes),
        strCat("Shared-memory path: bytes per rank and buffer moved per step (two buffers per rank; ",

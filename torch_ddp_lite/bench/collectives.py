@@ -141,6 +141,7 @@ def op_call(op, group, source, target, sync):
         "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(target, source, group=group),
         "all_to_all_single": lambda: dist.all_to_all_single(target, source, group=group),
         "barrier": lambda: dist.barrier(group=group),
+        "sendrecv": lambda: send_to_next(source, target, group),
     }[op]
 
     def run_once():
@@ -148,6 +149,15 @@ def op_call(op, group, source, target, sync):
         sync()
 
     return run_once
+
+
+def send_to_next(source, target, group):
+    """nccl-tests' sendrecv: `source` to rank + 1 and `target` from rank - 1, both in flight at once."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    ops = [dist.P2POp(dist.isend, source, dist.get_global_rank(group, (rank + 1) % size), group),
+           dist.P2POp(dist.irecv, target, dist.get_global_rank(group, (rank - 1) % size), group)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
 
 
 def run_header(options, sizes):

@@ -16,7 +16,8 @@ nccl-tests output:
 import re
 from dataclasses import dataclass
 
-OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "barrier")
+OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "barrier",
+       "sendrecv")
 
 _SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*([KMG]?)(I?B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -62,6 +63,7 @@ def bus_bandwidth_factor(op, world_size):
         "reduce_scatter_tensor": (n - 1) / n,
         "all_to_all_single": (n - 1) / n,
         "barrier": None,
+        "sendrecv": 1.0,  # every rank sends the size to rank + 1 and receives it from rank - 1
     }
     if op not in factors:
         raise ValueError(f"unknown op {op!r}; known: {', '.join(OPS)}")
@@ -86,6 +88,8 @@ def op_shape(op, nbytes, element_size, world_size):
     """
     if op == "barrier":
         return OpShape(0, 0, 0, 0)
+    if op == "sendrecv" and world_size < 2:
+        return None  # no peer to send to
     count = nbytes // element_size
     n = world_size
     if op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
@@ -99,6 +103,7 @@ def op_shape(op, nbytes, element_size, world_size):
         "all_gather_into_tensor": (per_rank, count),
         "reduce_scatter_tensor": (count, per_rank),
         "all_to_all_single": (count, count),
+        "sendrecv": (count, count),
     }[op]
     return OpShape(count, count * element_size, *numels)
 

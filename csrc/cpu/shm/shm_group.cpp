@@ -1,17 +1,13 @@
 #include "cpu/shm/shm_group.hpp"
 
 #include "common/errors.hpp"
+#include "cpu/shm/futex_wait.hpp"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 #include <iterator>
-#include <ctime>
 
 namespace ddplite::cpu {
 
@@ -24,42 +20,9 @@ constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
 constexpr size_t kAlignment = 64;
 constexpr size_t kMaxChunkBytes = size_t{1} << 30;
 
-static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex flags must be plain 32-bit words");
-
-// The CPUs this process may run on. With more ranks of the group than that, a spinning waiter
-// takes the core the rank it waits for needs: such a group does not spin at all.
-int usableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
-}
-
 // Whether a flag value has reached `target`, modulo 2^32 (steps wrap after 4 billion chunks).
 bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;
-}
-
-void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
-// Shared (not FUTEX_PRIVATE): the word lives in memory mapped by several processes.
-void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
-  timespec relative{static_cast<time_t>(timeout.count() / 1000000000), static_cast<long>(timeout.count() % 1000000000)};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &relative, nullptr, 0);
-}
-
-void futexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-size_t roundUp(size_t value, size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
 }
 
 const char* flagVerb(int which) {
