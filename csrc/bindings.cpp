@@ -3,7 +3,9 @@
 #include "common/env.hpp"
 #include "cpu/algorithms/selector.hpp"
 #include "cpu/reduce/reduce_kernels.hpp"
+#include "cpu/transport/auth.hpp"
 #include "cpu/transport/net_iface.hpp"
+#include "cpu/transport/tcp.hpp"
 #include "rendezvous/mpi.hpp"
 
 #if DDPLITE_WITH_NCCL
@@ -243,4 +245,15 @@ PYBIND11_MODULE(_C, m) {
       "(address, why): the local IPv4 address ranks listen on (DDPLITE_SOCKET_IFNAME, route, hostname).");
   m.def("ifname_matches", &ddplite::net::ifnameMatches, py::arg("spec"), py::arg("ifname"),
         "Whether an interface name matches an NCCL-style DDPLITE_SOCKET_IFNAME spec.");
+  m.def("exchange_ranks_over_new_mesh", &ddplite::exchangeRanksOverNewMesh, py::arg("store"), py::arg("rank"),
+        py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
+        "Builds a TCP mesh alone (store keys ddplite/mesh-check/...), swaps rank numbers with every peer, returns "
+        "them by peer: a test of connection set-up and authentication.");
+  m.def(
+      "hmac_sha256",
+      [](const py::bytes& key, const py::bytes& message) {
+        const ddplite::auth::Digest digest = ddplite::auth::hmacSha256(key, message);
+        return py::bytes(reinterpret_cast<const char*>(digest.data()), digest.size());
+      },
+      py::arg("key"), py::arg("message"), "HMAC-SHA256 as the TCP meshes' handshake computes it (cpu/transport/auth.hpp).");
 }

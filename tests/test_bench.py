@@ -182,7 +182,8 @@ def test_ddp_bench_tiny(tmp_path):
                         "2", "--steps", "1", "--warmup-steps", "1", "--rounds", "1", "--json", str(json_path))
     rows = json.loads(json_path.read_text())
     assert [(row["model"], row["backend"]) for row in rows] == [("resnet18", "ddplite"), ("resnet18", "gloo"),
-                                                                ("resnet18", "no-comm")]
+                                                                ("resnet18", "no-comm"), ("resnet18", "ddp-alone"),
+                                                                ("resnet18", "allreduce-only")]
     for row in rows:
         assert tuple(row) == ddp.ROW_KEYS
         assert row["params"] == 11_181_642 and row["batch_per_rank"] == 2

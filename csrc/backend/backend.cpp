@@ -223,7 +223,7 @@ std::unique_ptr<Transport> DdpliteBackend::connectPointToPoint(Deadline connectB
   if (shm_) {
     std::string whyNot;
     StoreRendezvous channelKeys = rendezvous_.prefixed("p2p-shm/");
-    if (auto channels = cpu::ShmChannels::create(channelKeys, rank_, size_, &whyNot)) {
+    if (auto channels = cpu::ShmChannels::create(channelKeys, *transport_, rank_, size_, &whyNot)) {
       p2pPath_ = "shared-memory channels";
       return channels;
     }

@@ -28,6 +28,7 @@ constexpr const char* kFingerprint = "DDPLITE_FINGERPRINT";
 constexpr const char* kShmChunkBytes = "DDPLITE_SHM_CHUNK_BYTES";
 constexpr const char* kShmInlineBytes = "DDPLITE_SHM_INLINE_BYTES";
 constexpr const char* kCpuKernels = "DDPLITE_CPU_KERNELS";
+constexpr const char* kAuth = "DDPLITE_AUTH";
 
 // Defaults and allowed values, written once: the readers and the knob table both use these.
 // For a choice knob the first entry is the default.
@@ -128,6 +129,11 @@ const std::vector<Knob>& allKnobs() {
        "number, op, sizes, dtype, reduce op, root, algorithm), so a rank in another collective is reported at "
        "once instead of its bytes being used. 0 turns the check off: only for measuring its cost, since "
        "mismatched collectives can then return wrong values. Read when a group is created"},
+      {kAuth, *kSwitch.begin(),
+       "1: every TCP connection between ranks (collectives' and send/recv meshes) is authenticated at set-up by "
+       "an HMAC-SHA256 challenge-response keyed by a secret rank 0 shares through the store; a connection that "
+       "fails it is dropped with a warning naming its address. 0 skips it (saves one round trip per "
+       "connection at set-up; nothing after set-up). Same on every rank. Read when a group is created"},
       {kCudaStaging, *kStagings.begin(),
        "CUDA tensors: 'auto' uses NCCL except on a GPU shared by two ranks (then host memory + CPU transport, "
        "with a warning); 'always' stages every CUDA op; 'never' raises instead of staging. Same on every rank"},
@@ -144,6 +150,7 @@ void validateAll() {
   readBytes(kShmChunkBytes, kDefaultShmChunkBytes, kMinimumShmChunkBytes, kMaximumShmChunkBytes);
   readBytes(kShmInlineBytes, kDefaultShmInlineBytes, 0, kMaximumShmChunkBytes);
   readChoice(kFingerprint, kSwitch);
+  readChoice(kAuth, kSwitch);
   readChoice(kCudaStaging, kStagings);
 }
 
@@ -219,12 +226,17 @@ std::vector<std::pair<std::string, std::string>> groupWideSettings() {
       {kRingSegmentBytes, std::to_string(ringSegmentBytes())},
       {kTreeChunkBytes, std::to_string(treeChunkBytes())},
       {kFingerprint, fingerprintChecks() ? "1" : "0"},
+      {kAuth, authenticateConnections() ? "1" : "0"},
       {kCudaStaging, *(kStagings.begin() + readChoice(kCudaStaging, kStagings))},
   };
 }
 
 bool fingerprintChecks() {
   return readChoice(kFingerprint, kSwitch) == 0;
+}
+
+bool authenticateConnections() {
+  return readChoice(kAuth, kSwitch) == 0;
 }
 
 CudaStaging cudaStaging() {

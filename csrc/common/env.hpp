@@ -73,6 +73,10 @@ std::string cpuTransport();
 // std::invalid_argument naming the knob for a value other than 0 or 1.
 bool fingerprintChecks();
 
+// DDPLITE_AUTH: whether the TCP meshes authenticate every connection at set-up
+// (cpu/transport/auth.hpp). Read each time (a group reads it when it is created).
+bool authenticateConnections();
+
 // DDPLITE_CUDA_STAGING: how CUDA tensors travel when NCCL cannot serve the group.
 //   kAuto: NCCL, except on a GPU two ranks share (then through host memory, with a warning);
 //   kAlways: always through host memory and the CPU transport; kNever: NCCL or an error.

@@ -17,8 +17,18 @@ other's (below 1: the first is faster).
 The yardstick: a row ``no-comm``, the same DDP step on the first backend's group under
 ``no_sync()`` (forward, backward and optimizer step, no gradient allreduce), interleaved with the
 others. Each backend's ``step/no-comm`` is its step time over that compute-only time: how much
-communication adds that backward does not hide (1.00: none). ``--json FILE`` writes rows with the
-keys of :data:`ROW_KEYS`.
+communication adds that backward does not hide (1.00: none).
+
+A second yardstick, the row ``ddp-alone``: the same DDP step on a group of this rank alone (made
+with the first backend), so DDP does all its own work (gradient hooks, copying gradients into its
+buckets and back) but exchanges nothing. ``ddp-alone/no-comm`` is what DDP costs before any
+byte moves: the floor under every backend's ``step/no-comm``.
+
+A third, the row ``allreduce-only``: just the communication, all_reduce of a gradient's worth of
+float32 zeros in DDP's 25 MB buckets on the first backend's group, no compute. Where every core
+already runs a rank's compute (1 thread per rank and as many ranks as cores), communication
+cannot hide behind backward, and a step costs about ``ddp-alone`` + ``allreduce-only``.
+``--json FILE`` writes rows with the keys of :data:`ROW_KEYS`.
 """
 
 import contextlib
@@ -36,6 +46,9 @@ from torch_ddp_lite.bench.launch import is_reporting_rank, measured_groups, rank
 
 MODELS = ("mlp", "resnet18")
 NO_COMM = "no-comm"  # the compute-only yardstick's row
+DDP_ALONE = "ddp-alone"  # DDP's own work, no exchange: a group of one rank
+ALLREDUCE_ONLY = "allreduce-only"  # the gradient's all_reduce alone, in DDP's bucket sizes
+BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 ROW_KEYS = ("model", "backend", "world_size", "device", "params", "batch_per_rank", "step_ms", "images_per_s")
 MLP_WIDTHS = (3 * 32 * 32, 4096, 2048, 2048)
 
@@ -82,6 +95,7 @@ def bench_model(name, groups, device, plan, batch_size, reporting):
     torch.manual_seed(0)
     reference = build_model(name)
     params = sum(p.numel() for p in reference.parameters())
+    alone = alone_group(next(iter(groups))) if groups else None
     generator = torch.Generator().manual_seed(dist.get_rank())
     images = torch.randn(batch_size, 3, 32, 32, generator=generator).to(device)
     labels = torch.randint(0, 10, (batch_size,), generator=generator).to(device)
@@ -96,6 +110,9 @@ def bench_model(name, groups, device, plan, batch_size, reporting):
     if steps:
         first_group = groups[next(iter(steps))]
         steps[NO_COMM] = make_step(reference, first_group, device, images, labels, sync, communicate=False)
+        if alone is not None:
+            steps[DDP_ALONE] = make_step(reference, alone, device, images, labels, sync)
+        steps[ALLREDUCE_ONLY] = make_allreduce_only(params, first_group, device, sync)
     medians = interleaved_medians(steps, plan) if steps else {}
     world_size = dist.get_world_size()
     rows = [dict(zip(ROW_KEYS, (name, backend, world_size, device.type, params, batch_size, seconds * 1e3,
@@ -104,6 +121,32 @@ def bench_model(name, groups, device, plan, batch_size, reporting):
     if reporting:
         print_model_rows(rows, notes, next(iter(groups)))
     return rows
+
+
+def alone_group(backend):
+    """A group of this rank alone, on `backend` (its torch name), or None where it cannot be made
+    (memcpy, or a backend variant: the plain backend is used for those)."""
+    from torch_ddp_lite.bench.launch import BACKEND_VARIANTS, MEMCPY
+
+    if backend == MEMCPY:
+        return None
+    torch_backend = BACKEND_VARIANTS[backend][0] if backend in BACKEND_VARIANTS else backend
+    group, _ = dist.new_subgroups(group_size=1, backend=torch_backend)
+    return group
+
+
+def make_allreduce_only(params, group, device, sync):
+    """all_reduce of `params` float32 values in DDP-sized buckets on `group`, nothing else."""
+    per_bucket = BUCKET_BYTES // 4
+    buckets = [torch.zeros(min(per_bucket, params - start), device=device) for start in range(0, params, per_bucket)]
+
+    def step():
+        works = [dist.all_reduce(bucket, group=group, async_op=True) for bucket in buckets]
+        for work in works:
+            work.wait()
+        sync()
+
+    return step
 
 
 def make_step(reference, group, device, images, labels, sync, communicate=True):
@@ -128,9 +171,11 @@ def print_model_rows(rows, notes, first_backend):
     first = next((row for row in rows if row["backend"] == first_backend), None)
     yardstick = next((row for row in rows if row["backend"] == NO_COMM), None)
     for row in rows:
-        measured = row["backend"] != NO_COMM
+        measured = row["backend"] not in (NO_COMM, DDP_ALONE, ALLREDUCE_ONLY)
+        yardstick_row = row["backend"] in (DDP_ALONE, ALLREDUCE_ONLY)
         ratio = f"{first['step_ms'] / row['step_ms']:.2f}" if first and measured and row is not first else ""
-        overhead = f"{row['step_ms'] / yardstick['step_ms']:.2f}" if yardstick and measured else ""
+        overhead = (f"{row['step_ms'] / yardstick['step_ms']:.2f}" if yardstick and (measured or yardstick_row)
+                    else "")
         print(f" {row['model']:>9}{row['params'] / 1e6:>9.1f}M{row['backend']:>12}{row['step_ms']:>11.1f}"
               f"{row['images_per_s']:>10.0f}{ratio:>14}{overhead:>16}", flush=True)
     for backend, reason in notes:

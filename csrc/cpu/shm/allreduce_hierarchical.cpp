@@ -40,7 +40,14 @@ void allreduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const
     leaders->beginCollective(wire);
     AlgorithmArgs among{*leaders, args.deadline, args.scratch, args.data, args.count, args.elementSize,
                         args.reduce, args.reduceMany, 0};
-    selection.run(among);
+    try {
+      selection.run(among);
+    } catch (...) {
+      // The ranks of this host wait in step 3 for this leader: wake them now (any failure here,
+      // not only a transport's, which the backend would abort for anyway).
+      if (ShmGroup* group = hosts.local()) group->abort();
+      throw;
+    }
   }
   if (ShmGroup* group = hosts.local()) {
     AlgorithmArgs fromLeader = args;

@@ -1,7 +1,8 @@
 // Broadcast through shared memory, chunk by chunk.
 //
-// Steps, for each chunk of at most C bytes: the root copies it into its buffer and posts (on the
-// first chunk it also waits for every rank's post, to check they are in the same broadcast);
+// Steps, for each chunk of at most C bytes: the root copies it into its buffer and posts (the
+// first chunk's posts of every rank it checks at its next step, to be sure they are in the same
+// broadcast, without waiting for them now);
 // every other rank posts (its fingerprint only), waits for the root's post, copies the chunk out
 // of the root's buffer and marks the step consumed. With two buffers the root copies chunk k+1
 // in while the others still copy chunk k out.
@@ -23,11 +24,14 @@ void broadcast(ShmGroup& group, const AlgorithmArgs& args) {
     if (group.rank() == args.root) {
       std::memcpy(group.buffer(args.root, step), args.data + offset, bytes);
       group.post(step, bytes);
-      // The root reads no one's data, but it checks on the first chunk that every rank is in
-      // the same broadcast (same root): a rank that believes itself root too would otherwise
-      // keep its own tensor without an error. Later chunks carry the same fingerprint, which
-      // the others check against the root's.
-      if (offset == 0) group.waitAllPosted(step, bytes, args.deadline);
+      // The root reads no one's data, but it checks that every rank is in the same broadcast
+      // (same root): a rank that believes itself root too would otherwise keep its own tensor
+      // without an error. It checks the first chunk at its next step, without waiting now.
+      // Later chunks carry the same fingerprint, which the others check against the root's.
+      if (offset == 0) {
+        group.checkAllPostedLater(step, bytes);
+        continue;
+      }
     } else {
       group.post(step, bytes);
       group.waitPosted(args.root, step, bytes, args.deadline);

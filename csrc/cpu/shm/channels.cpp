@@ -5,6 +5,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -30,6 +31,14 @@ size_t ringBytesFor(int size) {
   return std::min(kMaxRingBytes, std::max(kMinRingBytes, share));
 }
 
+// This process's PID namespace (device and inode of /proc/self/ns/pid): a pid means the same
+// process to a peer only in the same namespace. 0 when it cannot be read.
+uint64_t pidNamespace() {
+  struct stat about = {};
+  if (stat("/proc/self/ns/pid", &about) != 0) return 0;
+  return (static_cast<uint64_t>(about.st_dev) << 32) ^ static_cast<uint64_t>(about.st_ino);
+}
+
 int openPidfd(uint32_t pid) {
 #ifdef SYS_pidfd_open
   const long fd = syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0);
@@ -44,6 +53,7 @@ int openPidfd(uint32_t pid) {
 struct alignas(kAlignment) ShmChannels::RankState {
   std::atomic<uint32_t> closed;  // 1 once the rank's abort() ran (seq_cst store, then wake-ups)
   uint32_t pid;                  // written once at set-up, before the store exchange
+  uint64_t pidNamespace;         // likewise; see pidNamespace()
 };
 
 // One direction between two ranks. The producer writes `head`, `headWord` and the data; the
@@ -58,7 +68,8 @@ struct alignas(kAlignment) ShmChannels::Ring {
   std::atomic<uint32_t> producerSleepers;
 };
 
-std::unique_ptr<ShmChannels> ShmChannels::create(StoreRendezvous& rendezvous, int rank, int size, std::string* whyNot) {
+std::unique_ptr<ShmChannels> ShmChannels::create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
+                                                 std::string* whyNot) {
   const size_t ringBytes = ringBytesFor(size);
   const size_t pairs = static_cast<size_t>(size) * static_cast<size_t>(size);
   const size_t bytes = roundUp(sizeof(RankState) * size, kAlignment) + pairs * sizeof(Ring) + pairs * ringBytes;
@@ -67,20 +78,28 @@ std::unique_ptr<ShmChannels> ShmChannels::create(StoreRendezvous& rendezvous, in
     *whyNot = outcome.whyNot;
     return nullptr;
   }
-  std::unique_ptr<ShmChannels> channels(new ShmChannels(std::move(outcome.segment), rank, size, ringBytes));
+  std::unique_ptr<ShmChannels> channels(new ShmChannels(std::move(outcome.segment), liveness, rank, size, ringBytes));
   channels->state(rank).pid = static_cast<uint32_t>(getpid());
+  channels->state(rank).pidNamespace = pidNamespace();
   // Every rank's pid is visible to the others after this store round trip.
   rendezvous.set(strCat("channels/ready/", rank), "1");
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     rendezvous.get(strCat("channels/ready/", peer), strCat("rank ", peer, " to map its point-to-point channels"));
-    channels->pidfds_[peer] = openPidfd(channels->state(peer).pid);
+    // A peer in another PID namespace (a container sharing /dev/shm and the network, not pids):
+    // its pid names another process here, so only the TCP mesh tells whether it lives.
+    const RankState& theirs = channels->state(peer);
+    if (theirs.pidNamespace != 0 && theirs.pidNamespace == channels->state(rank).pidNamespace) {
+      channels->pidfds_[peer] = openPidfd(theirs.pid);
+    }
   }
   return channels;
 }
 
-ShmChannels::ShmChannels(std::unique_ptr<ShmSegment> segment, int rank, int size, size_t ringBytes)
+ShmChannels::ShmChannels(std::unique_ptr<ShmSegment> segment, Transport& liveness, int rank, int size,
+                         size_t ringBytes)
     : segment_(std::move(segment)),
+      liveness_(liveness),
       rank_(rank),
       size_(size),
       ringBytes_(ringBytes),
@@ -193,7 +212,9 @@ void ShmChannels::waitFor(int peer, Side side, Deadline deadline) {
 
 void ShmChannels::send(int peer, const void* data, size_t bytes, Deadline deadline) {
   const char* from = static_cast<const char*>(data);
-  if (state(peer).closed.load(std::memory_order_seq_cst) != 0) throwPeerGone(peer, "receive");
+  // Checked before every message, not only when the ring is full: a message that fits would
+  // otherwise be "sent" to a peer that is already dead.
+  if (peerGone(peer)) throwPeerGone(peer, "receive");
   while (bytes > 0) {
     const size_t n = pushSome(peer, from, bytes);
     from += n;
@@ -234,7 +255,13 @@ void ShmChannels::sendRecv(int sendPeer, const void* sendData, size_t sendBytes,
                            "timed out in a send and receive through shared memory");
     }
     if (sendBytes > 0 && peerGone(sendPeer)) throwPeerGone(sendPeer, "make room for a message");
-    if (recvBytes > 0 && peerGone(recvPeer)) throwPeerGone(recvPeer, "send a message");
+    if (recvBytes > 0 && peerGone(recvPeer)) {
+      const size_t drained = pullSome(recvPeer, into, recvBytes);  // what it sent before it left
+      if (drained == 0) throwPeerGone(recvPeer, "send a message");
+      into += drained;
+      recvBytes -= drained;
+      continue;
+    }
     std::this_thread::yield();
   }
 }
@@ -246,7 +273,9 @@ bool ShmChannels::peerGone(int peer) {
     pollfd probe{fd, POLLIN, 0};
     return poll(&probe, 1, 0) > 0;  // a pidfd polls readable once its process has exited
   }
-  return kill(static_cast<pid_t>(state(peer).pid), 0) != 0 && errno == ESRCH;
+  // No pidfd (another PID namespace, or a kernel without pidfd_open): the group's TCP mesh, whose
+  // socket to the peer the kernel closes when the peer's process exits.
+  return liveness_.peerHungUp(peer);
 }
 
 bool ShmChannels::peerHungUp(int peer) {
@@ -270,6 +299,10 @@ void ShmChannels::abort() {
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     for (Ring* r : {&ring(rank_, peer), &ring(peer, rank_)}) {
+      // Bumped, not only woken: a waiter that read its word just before `closed`/`aborted_` were
+      // set would otherwise sleep on an unchanged value for a whole slice.
+      r->headWord.fetch_add(1, std::memory_order_seq_cst);
+      r->tailWord.fetch_add(1, std::memory_order_seq_cst);
       futexWakeAll(&r->headWord);
       futexWakeAll(&r->tailWord);
     }

@@ -24,8 +24,10 @@
 // Waits: spin with a pause instruction for a while (only when every rank's sender and receiver
 // threads, 2 P (P-1) in all, have a CPU each), then futex-wait in slices of at most 20 ms, checking the
 // deadline, abort() and the peer: its `closed` flag (set by its abort(), seq_cst, then every
-// word it could wait on is woken) and, every 100 ms, whether its process still exists (a pidfd,
-// or kill(pid, 0) where pidfd_open is missing). A receiver drains what a dead peer sent before
+// word it could wait on is bumped and woken) and, every 100 ms, whether its process still exists
+// (a pidfd; where the peer's pid cannot be watched, another PID namespace or no pidfd_open, its
+// socket in the group's TCP mesh, which the kernel closes when the process exits). A send checks
+// the same before every message. A receiver drains what a dead peer sent before
 // it reports the peer gone, as a TCP receiver reads up to the end of the stream.
 //
 // Threading: send/recv on one ring from its one thread at a time (the P2pEngine's contract);
@@ -45,8 +47,11 @@ namespace ddplite::cpu {
 class ShmChannels : public Transport {
  public:
   // Collective over the group (through the store, keys of its own). Null with *whyNot when the
-  // segment cannot be made; the same outcome on every rank.
-  static std::unique_ptr<ShmChannels> create(StoreRendezvous& rendezvous, int rank, int size, std::string* whyNot);
+  // segment cannot be made; the same outcome on every rank. `liveness`: the group's TCP mesh,
+  // asked whether a peer lives where its pid cannot be watched (another PID namespace, no
+  // pidfd_open); it must outlive the channels.
+  static std::unique_ptr<ShmChannels> create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
+                                             std::string* whyNot);
   ~ShmChannels() override;
 
   int rank() const override { return rank_; }
@@ -71,7 +76,7 @@ class ShmChannels : public Transport {
   struct Ring;
   enum class Side { kProducer, kConsumer };
 
-  ShmChannels(std::unique_ptr<ShmSegment> segment, int rank, int size, size_t ringBytes);
+  ShmChannels(std::unique_ptr<ShmSegment> segment, Transport& liveness, int rank, int size, size_t ringBytes);
   RankState& state(int owner) const;
   Ring& ring(int from, int to) const;
   char* ringData(int from, int to) const;
@@ -85,12 +90,13 @@ class ShmChannels : public Transport {
   [[noreturn]] void throwPeerGone(int peer, const char* doing) const;
 
   std::unique_ptr<ShmSegment> segment_;
+  Transport& liveness_;
   const int rank_;
   const int size_;
   const size_t ringBytes_;
   const std::chrono::microseconds spin_;
   std::atomic<bool> aborted_{false};
-  std::vector<int> pidfds_;  // per peer, -1 where pidfd_open failed (kill(pid, 0) then); set up once
+  std::vector<int> pidfds_;  // per peer, -1 where its pid cannot be watched (liveness_ then); set up once
 };
 
 }  // namespace ddplite::cpu

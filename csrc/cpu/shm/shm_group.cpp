@@ -107,6 +107,7 @@ void ShmGroup::beginCollective(const Fingerprint& fingerprint, uint64_t refusedS
 }
 
 uint32_t ShmGroup::beginStep(Deadline deadline) {
+  settleDeferredCheck(deadline);
   const uint32_t step = ++step_;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_) waitFor(peer, Flag::kConsumed, step - 2, deadline);
@@ -152,6 +153,25 @@ void ShmGroup::waitAllPosted(uint32_t step, uint64_t stepBytes, Deadline deadlin
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_) waitPosted(peer, step, stepBytes, deadline);
   }
+}
+
+void ShmGroup::checkAllPostedLater(uint32_t step, uint64_t stepBytes) {
+  deferred_ = DeferredCheck{step, stepBytes, current_, refusedSeq_};
+}
+
+void ShmGroup::settleDeferredCheck(Deadline deadline) {
+  if (deferred_.step == 0) return;
+  // Checked as the collective it belongs to (errors name it), then back to the current one.
+  const Fingerprint current = current_;
+  const uint64_t refused = refusedSeq_;
+  const DeferredCheck check = deferred_;
+  deferred_ = DeferredCheck{};
+  current_ = check.fingerprint;
+  refusedSeq_ = check.refusedSeq;
+  waitAllPosted(check.step, check.stepBytes, deadline);
+  markConsumed(check.step);
+  current_ = current;
+  refusedSeq_ = refused;
 }
 
 void ShmGroup::waitAllReduced(uint32_t step, Deadline deadline) {

@@ -26,12 +26,15 @@ class RankView : public Transport {
   void recv(int peer, void* data, size_t bytes, Deadline deadline) override;
   void sendRecv(int sendPeer, const void* sendData, size_t sendBytes, int recvPeer, void* recvData, size_t recvBytes,
                 Deadline deadline) override;
+  // Arms the whole base mesh, not only the view's sockets: a header from a rank outside the view
+  // that is already in a later op is tolerated there, and one from another op is reported early.
   void beginCollective(const Fingerprint& fingerprint) override { base_.beginCollective(fingerprint); }
   bool peerHungUp(int peer) override { return base_.peerHungUp(baseRank(peer)); }
   bool peekWaitingHeader(int peer, WireHeader* header) override {
     return base_.peekWaitingHeader(baseRank(peer), header);
   }
   std::string describePeer(int peer) const override { return base_.describePeer(baseRank(peer)); }
+  // Aborts the base mesh: a view has no connections of its own to stop.
   void abort() override { base_.abort(); }
 
  private:

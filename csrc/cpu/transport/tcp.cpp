@@ -3,6 +3,7 @@
 #include "common/env.hpp"
 #include "common/errors.hpp"
 #include "common/logging.hpp"
+#include "cpu/transport/auth.hpp"
 #include "cpu/transport/net_iface.hpp"
 
 #include <arpa/inet.h>
@@ -25,13 +26,48 @@ namespace {
 
 constexpr int kPollSliceMs = 100;
 constexpr size_t kCoalesceBytes = 4096;
-constexpr uint32_t kHelloMagic = 0xdd911e01;
+// Set-up handshake (auth.hpp). With DDPLITE_AUTH=0 the connector only sends a plain Hello.
+constexpr uint32_t kHelloMagic = 0xdd911e01;      // Hello without a MAC (DDPLITE_AUTH=0)
+constexpr uint32_t kAuthHelloMagic = 0xdd911e02;  // Hello with a MAC
+constexpr uint32_t kChallengeMagic = 0xdd911e03;
+constexpr uint32_t kAckMagic = 0xdd911e04;
+// How long an accepted connection may take to complete its handshake, and how many may be
+// pending at once (the oldest is dropped past that): a stranger holds up nothing but its slot.
+constexpr auto kHandshakeLimit = std::chrono::seconds(10);
+constexpr size_t kMaxPendingHandshakes = 64;
+constexpr const char* kStillPending = "(handshake under way)";
+
+struct Challenge {
+  uint32_t magic;
+  auth::Nonce nonce;
+};
 
 struct Hello {
   uint32_t magic;
   int32_t rank;
   int32_t size;
+  auth::Nonce nonce;
+  auth::Digest mac;
 };
+
+struct Ack {
+  uint32_t magic;
+  auth::Digest mac;
+};
+
+std::string bytesOf(const void* data, size_t bytes) { return std::string(static_cast<const char*>(data), bytes); }
+
+auth::Digest helloMac(const std::string& secret, const auth::Nonce& challenge, const Hello& hello) {
+  return auth::hmacSha256(secret, "ddplite-hello" + bytesOf(challenge.data(), challenge.size()) +
+                                      bytesOf(&hello.rank, sizeof(hello.rank)) + bytesOf(&hello.size, sizeof(hello.size)) +
+                                      bytesOf(hello.nonce.data(), hello.nonce.size()));
+}
+
+auth::Digest ackMac(const std::string& secret, const auth::Nonce& challenge, const Hello& hello, int listenerRank) {
+  const int32_t rank = listenerRank;
+  return auth::hmacSha256(secret, "ddplite-ack" + bytesOf(hello.nonce.data(), hello.nonce.size()) +
+                                      bytesOf(challenge.data(), challenge.size()) + bytesOf(&rank, sizeof(rank)));
+}
 
 int millisUntil(Deadline deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -96,6 +132,14 @@ class UniqueFd {
   explicit UniqueFd(int fd = -1) : fd_(fd) {}
   UniqueFd(const UniqueFd&) = delete;
   UniqueFd& operator=(const UniqueFd&) = delete;
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) {
+      if (fd_ >= 0) close(fd_);
+      fd_ = other.release();
+    }
+    return *this;
+  }
   ~UniqueFd() {
     if (fd_ >= 0) close(fd_);
   }
@@ -110,29 +154,44 @@ class UniqueFd {
   int fd_;
 };
 
-// Blocking I/O used only during set-up (sockets are still blocking then).
-bool writeAll(int fd, const void* data, size_t bytes) {
-  const char* cursor = static_cast<const char*>(data);
+// Set-up I/O on a non-blocking socket: all `bytes` before `deadline`, or false with errno set
+// (ETIMEDOUT past the deadline, ECONNRESET when the other end closed).
+bool transferBefore(int fd, char* cursor, size_t bytes, bool sending, Deadline deadline) {
   while (bytes > 0) {
-    ssize_t n = ::send(fd, cursor, bytes, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    cursor += n;
-    bytes -= static_cast<size_t>(n);
+    const ssize_t n = sending ? ::send(fd, cursor, bytes, MSG_NOSIGNAL) : ::recv(fd, cursor, bytes, 0);
+    if (n > 0) {
+      cursor += n;
+      bytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      errno = ECONNRESET;
+      return false;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    if (Clock::now() >= deadline) {
+      errno = ETIMEDOUT;
+      return false;
+    }
+    pollfd entry = {fd, static_cast<short>(sending ? POLLOUT : POLLIN), 0};
+    if (poll(&entry, 1, millisUntil(deadline)) < 0 && errno != EINTR) return false;
   }
   return true;
 }
 
-bool readAll(int fd, void* data, size_t bytes) {
-  char* cursor = static_cast<char*>(data);
-  while (bytes > 0) {
-    ssize_t n = ::recv(fd, cursor, bytes, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    cursor += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return true;
+bool writeBefore(int fd, const void* data, size_t bytes, Deadline deadline) {
+  return transferBefore(fd, static_cast<char*>(const_cast<void*>(data)), bytes, /*sending=*/true, deadline);
+}
+
+bool readBefore(int fd, void* data, size_t bytes, Deadline deadline) {
+  return transferBefore(fd, static_cast<char*>(data), bytes, /*sending=*/false, deadline);
+}
+
+std::string describeAddress(const sockaddr_in& address) {
+  char text[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &address.sin_addr, text, sizeof(text));
+  return strCat(text, ":", ntohs(address.sin_port));
 }
 
 // Waits for a non-blocking connect; returns 0 or the socket error.
@@ -203,11 +262,23 @@ struct TcpTransport::MeshSetup {
   std::string host;       // the address this rank listens on, and why it was chosen
   std::string why;
   std::string myAddress;  // host:port, once listening
+  std::string secret;     // the mesh's shared secret (auth.hpp); "" with DDPLITE_AUTH=0
 
   std::string addressKey(int peer) const { return strCat(purpose, "addr/", peer); }
   std::string peerAddress(int peer) const {
     return rendezvous.get(addressKey(peer), strCat("the address of rank ", peer));
   }
+  bool authenticates() const { return !secret.empty(); }
+};
+
+// A connection accepted by the listener whose handshake is not complete yet.
+struct TcpTransport::PendingHandshake {
+  UniqueFd fd;
+  std::string from;  // the connecting end's address, for warnings
+  Deadline until;    // dropped when its Hello is not complete by then
+  auth::Nonce challenge{};
+  Hello hello{};
+  size_t received = 0;  // bytes of `hello` read so far
 };
 
 std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& rendezvous, int rank, int size,
@@ -217,7 +288,8 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
   if (size == 1) {
     return transport;
   }
-  MeshSetup setup{rendezvous, rank, size, deadline, purpose, "", "", ""};
+  MeshSetup setup{rendezvous, rank, size, deadline, purpose, "", "", "", ""};
+  setup.secret = shareSecret(setup);
   setup.host = net::chooseListenAddress(&setup.why);
   UniqueFd listener(openListener(setup));
   transport->addresses_[rank] = setup.myAddress;
@@ -232,6 +304,26 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
     if (transport->addresses_[peer].empty()) transport->addresses_[peer] = setup.peerAddress(peer);
   }
   return transport;
+}
+
+// The mesh's secret: rank 0 draws it and writes it to the store before it publishes its address
+// (so no rank can connect before the secret is there); the others read it. "" when
+// DDPLITE_AUTH=0 (a group-wide knob: every rank agrees, checked before the mesh is built).
+std::string TcpTransport::shareSecret(const MeshSetup& setup) {
+  if (!env::authenticateConnections()) return "";
+  const std::string key = strCat(setup.purpose, "auth/secret");
+  if (setup.rank == 0) {
+    std::string secret;
+    try {
+      secret = auth::newSecret();
+    } catch (const std::exception& error) {
+      throwDistError(strCat("rank 0 cannot draw the group's connection secret: ", error.what()),
+                     "set DDPLITE_AUTH=0 on every rank to run without authenticated connections");
+    }
+    setup.rendezvous.set(key, secret);
+    return secret;
+  }
+  return setup.rendezvous.get(key, "the group's connection secret (from rank 0)");
 }
 
 // Listens on an ephemeral port of setup.host and publishes host:port in the store.
@@ -255,9 +347,11 @@ int TcpTransport::openListener(MeshSetup& setup) {
   return listener.release();
 }
 
-// One connection attempt: a connected, blocking socket that has sent its Hello, or -1 with
-// *error set (connect refused, timed out, or the Hello could not be written).
-int TcpTransport::tryConnect(const MeshSetup& setup, const sockaddr_in& target, int* error) {
+// One connection attempt: a connected socket (non-blocking) that has completed the handshake
+// with `peer`, or -1 with *error set when the attempt may be retried (connect refused or timed
+// out, the listener closed before acknowledging). A listener that answers but fails to prove it
+// holds the group's secret is not retried: that throws.
+int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const sockaddr_in& target, int* error) {
   const std::string about = "to connect to a lower rank";
   UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   checkCall(fd.get(), setup.rank, "socket", about);
@@ -265,13 +359,39 @@ int TcpTransport::tryConnect(const MeshSetup& setup, const sockaddr_in& target, 
   const int result = connect(fd.get(), reinterpret_cast<const sockaddr*>(&target), sizeof(target));
   *error = (result == 0) ? 0 : (errno == EINPROGRESS ? finishConnect(fd.get(), setup.deadline) : errno);
   if (*error != 0) return -1;
-  setBlocking(fd.get(), true, setup.rank, about);
-  const Hello hello = {kHelloMagic, setup.rank, setup.size};
-  if (!writeAll(fd.get(), &hello, sizeof(hello))) {
-    *error = errno != 0 ? errno : EPIPE;
+  Hello hello = {setup.authenticates() ? kAuthHelloMagic : kHelloMagic, setup.rank, setup.size, {}, {}};
+  if (!setup.authenticates()) {
+    if (!writeBefore(fd.get(), &hello, sizeof(hello), setup.deadline)) *error = errno;
+    return *error == 0 ? fd.release() : -1;
+  }
+  Challenge challenge = {};
+  if (!readBefore(fd.get(), &challenge, sizeof(challenge), setup.deadline)) {
+    *error = errno;
     return -1;
   }
+  const std::string where = describeAddress(target);
+  if (challenge.magic != kChallengeMagic) throwImpostor(setup, peer, where, "its first bytes are not a ddplite challenge");
+  hello.nonce = auth::newNonce();
+  hello.mac = helloMac(setup.secret, challenge.nonce, hello);
+  Ack ack = {};
+  if (!writeBefore(fd.get(), &hello, sizeof(hello), setup.deadline) ||
+      !readBefore(fd.get(), &ack, sizeof(ack), setup.deadline)) {
+    *error = errno;
+    return -1;
+  }
+  if (ack.magic != kAckMagic || !auth::sameDigest(ack.mac, ackMac(setup.secret, challenge.nonce, hello, peer))) {
+    throwImpostor(setup, peer, where, "its answer to the handshake does not prove it holds the group's secret");
+  }
   return fd.release();
+}
+
+void TcpTransport::throwImpostor(const MeshSetup& setup, int peer, const std::string& where, const std::string& why) {
+  const std::string failure = strCat("rank ", setup.rank, " connected to ", where, ", the address rank ", peer,
+                                     " published, but ", why);
+  setup.rendezvous.recordFailure(failure);
+  throwDistError(failure,
+                 "another process may have taken that port, or the ranks do not share one store; check that every "
+                 "rank of the job was started with the same MASTER_ADDR/MASTER_PORT (or init_method)");
 }
 
 // Connects to `peer` (a lower rank), retrying refusals until the deadline (a peer's backlog may
@@ -281,7 +401,7 @@ int TcpTransport::connectToLowerRank(const MeshSetup& setup, int peer, const std
   const sockaddr_in target = parseAddress(peerAddress, setup.rank);
   while (true) {
     int error = 0;
-    const int fd = tryConnect(setup, target, &error);
+    const int fd = tryConnect(setup, peer, target, &error);
     if (fd >= 0) return fd;
     if (Clock::now() >= setup.deadline) {
       const std::string failure = strCat("rank ", setup.rank, " could not connect to rank ", peer, " at ", peerAddress,
@@ -294,34 +414,149 @@ int TcpTransport::connectToLowerRank(const MeshSetup& setup, int peer, const std
   }
 }
 
-// Accepts one connection from every higher rank; a connection whose Hello is not a higher rank
-// of this group that has not connected yet is dropped with a warning.
+// Accepts one authenticated connection from every higher rank. Connections are accepted as they
+// come and their handshakes advance side by side (non-blocking), so a connection that is not a
+// peer (silent, garbage, a replay, a rank already connected) holds up nothing: it is dropped with
+// a warning naming its address when its handshake fails or takes longer than kHandshakeLimit.
 void TcpTransport::acceptHigherRanks(const MeshSetup& setup, int listener, TcpTransport& transport) {
+  setBlocking(listener, false, setup.rank, "to accept higher ranks");
+  std::vector<PendingHandshake> pending;
   for (int accepted = 0; accepted < setup.size - 1 - setup.rank;) {
-    pollfd entry = {listener, POLLIN, 0};
-    const int ready = poll(&entry, 1, millisUntil(setup.deadline));
+    std::vector<pollfd> entries = {{listener, POLLIN, 0}};
+    for (const PendingHandshake& connection : pending) entries.push_back({connection.fd.get(), POLLIN, 0});
+    const int ready = poll(entries.data(), entries.size(), millisUntil(setup.deadline));
     if (ready < 0 && errno != EINTR) throwSocketError(setup.rank, "poll", "waiting for higher ranks to connect", errno);
-    if (ready <= 0) {
-      if (Clock::now() < setup.deadline) continue;
-      std::string missing;
-      for (int peer = setup.rank + 1; peer < setup.size; ++peer) {
-        if (transport.fds_[peer] < 0) missing += strCat(missing.empty() ? "" : ", ", peer);
+    if (Clock::now() >= setup.deadline) throwMissingHigherRanks(setup, transport);
+    // Existing handshakes first (entries[1..] are theirs), then the new connections.
+    for (size_t i = entries.size() - 1; i >= 1; --i) {
+      PendingHandshake& connection = pending[i - 1];
+      if (entries[i].revents == 0 && Clock::now() < connection.until) continue;
+      std::string refusal;
+      if (!advanceHandshake(setup, connection, transport, &refusal)) continue;
+      if (refusal.empty()) {
+        ++accepted;
+      } else {
+        warnDropped(setup, connection.from, refusal);
       }
-      throwDistError(strCat("rank ", setup.rank, " (listening on ", setup.myAddress, ", ", setup.why,
-                            ") timed out waiting for rank(s) ", missing, " to connect", peerReport(setup.rendezvous)),
-                     "those ranks may not reach this address; " + unreachableHint());
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i - 1));
     }
-    UniqueFd fd(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
-    if (fd.get() < 0) continue;  // the connecting rank gave up or retries: poll again
-    Hello hello = {};
-    if (!readAll(fd.get(), &hello, sizeof(hello)) || hello.magic != kHelloMagic || hello.size != setup.size ||
-        hello.rank <= setup.rank || hello.rank >= setup.size || transport.fds_[hello.rank] >= 0) {
-      DDPLITE_LOG(kWarn, "rank ", setup.rank, " dropped an unexpected connection on ", setup.myAddress);
-      continue;
-    }
-    transport.fds_[hello.rank] = fd.release();
-    ++accepted;
+    if (entries[0].revents != 0) acceptWaitingConnections(setup, listener, pending);
   }
+  for (const PendingHandshake& connection : pending) {
+    warnDropped(setup, connection.from, "set-up ended before it completed the handshake");
+  }
+}
+
+// accept()s every connection the kernel holds; with authentication, sends each its challenge.
+void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener,
+                                            std::vector<PendingHandshake>& pending) {
+  while (true) {
+    sockaddr_in from = {};
+    socklen_t length = sizeof(from);
+    UniqueFd fd(accept4(listener, reinterpret_cast<sockaddr*>(&from), &length, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (fd.get() < 0) {
+      // EAGAIN: nothing more waiting. ECONNABORTED and the like: that connection gave up. Running
+      // out of descriptors is reported by the deadline (the missing ranks), not here.
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED && errno != EINTR) {
+        DDPLITE_LOG(kWarn, "rank ", setup.rank, ": accept failed on ", setup.myAddress, ": ", std::strerror(errno));
+      }
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return;
+    }
+    PendingHandshake connection{std::move(fd), describeAddress(from),
+                                std::min<Deadline>(setup.deadline, Clock::now() + kHandshakeLimit)};
+    if (setup.authenticates()) {
+      connection.challenge = auth::newNonce();
+      const Challenge challenge = {kChallengeMagic, connection.challenge};
+      // A fresh socket's buffer takes 20 bytes at once; if it does not, the peer will retry.
+      if (!writeBefore(connection.fd.get(), &challenge, sizeof(challenge), Clock::now())) {
+        warnDropped(setup, connection.from, strCat("the challenge could not be sent: ", std::strerror(errno)));
+        continue;
+      }
+    }
+    if (pending.size() >= kMaxPendingHandshakes) {
+      warnDropped(setup, pending.front().from,
+                  strCat("more than ", kMaxPendingHandshakes, " connections were waiting to complete a handshake"));
+      pending.erase(pending.begin());
+    }
+    pending.push_back(std::move(connection));
+  }
+}
+
+// Reads what has arrived of the connection's Hello. False while the handshake is still under
+// way; true once it is decided: *refusal empty when the connection is a peer (recorded in
+// transport.fds_, acknowledged), else why it is refused.
+bool TcpTransport::advanceHandshake(const MeshSetup& setup, PendingHandshake& connection, TcpTransport& transport,
+                                    std::string* refusal) {
+  *refusal = handshakeRefusal(setup, connection, transport);
+  return *refusal != kStillPending;
+}
+
+std::string TcpTransport::handshakeRefusal(const MeshSetup& setup, PendingHandshake& connection,
+                                           TcpTransport& transport) {
+  char* into = reinterpret_cast<char*>(&connection.hello) + connection.received;
+  const ssize_t n = ::recv(connection.fd.get(), into, sizeof(Hello) - connection.received, 0);
+  if (n == 0) return "it closed the connection before completing the handshake";
+  if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+    return strCat("reading its handshake failed: ", std::strerror(errno));
+  }
+  if (n > 0) connection.received += static_cast<size_t>(n);
+  if (connection.received < sizeof(Hello)) {
+    if (Clock::now() < connection.until) return kStillPending;
+    return strCat("it sent ", connection.received, " of the ", sizeof(Hello), " handshake bytes within ",
+                  std::chrono::duration_cast<std::chrono::seconds>(kHandshakeLimit).count(), " s");
+  }
+  const Hello& hello = connection.hello;
+  const uint32_t expected = setup.authenticates() ? kAuthHelloMagic : kHelloMagic;
+  if (hello.magic != expected) return "its handshake is not a ddplite hello";
+  if (setup.authenticates() && !auth::sameDigest(hello.mac, helloMac(setup.secret, connection.challenge, hello))) {
+    return "its handshake does not prove it holds the group's secret (a stranger, a replayed handshake, or a rank "
+           "of another job)";
+  }
+  if (hello.size != setup.size || hello.rank <= setup.rank || hello.rank >= setup.size) {
+    return strCat("it claims to be rank ", hello.rank, " of ", hello.size, ", not a higher rank of this group of ",
+                  setup.size);
+  }
+  if (transport.fds_[hello.rank] >= 0) return strCat("rank ", hello.rank, " is already connected");
+  if (setup.authenticates()) {
+    const Ack ack = {kAckMagic, ackMac(setup.secret, connection.challenge, hello, setup.rank)};
+    if (!writeBefore(connection.fd.get(), &ack, sizeof(ack), std::min(setup.deadline, connection.until))) {
+      return strCat("the acknowledgement could not be sent: ", std::strerror(errno));
+    }
+  }
+  transport.fds_[hello.rank] = connection.fd.release();
+  return "";
+}
+
+void TcpTransport::warnDropped(const MeshSetup& setup, const std::string& from, const std::string& why) {
+  DDPLITE_LOG(kWarn, "rank ", setup.rank, " dropped a connection from ", from, " to its ddplite port ",
+              setup.myAddress, ": ", why, ". It is not a rank of this group; the group goes on without it");
+}
+
+void TcpTransport::throwMissingHigherRanks(const MeshSetup& setup, const TcpTransport& transport) {
+  std::string missing;
+  for (int peer = setup.rank + 1; peer < setup.size; ++peer) {
+    if (transport.fds_[peer] < 0) missing += strCat(missing.empty() ? "" : ", ", peer);
+  }
+  throwDistError(strCat("rank ", setup.rank, " (listening on ", setup.myAddress, ", ", setup.why,
+                        ") timed out waiting for rank(s) ", missing, " to connect", peerReport(setup.rendezvous)),
+                 "those ranks may not reach this address; " + unreachableHint());
+}
+
+std::vector<int> exchangeRanksOverNewMesh(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                          std::chrono::milliseconds timeout) {
+  StoreRendezvous rendezvous(store);
+  const Deadline deadline = Clock::now() + timeout;
+  auto mesh = TcpTransport::connectFullMesh(rendezvous, rank, size, deadline, "mesh-check/", /*checkFingerprints=*/false);
+  std::vector<int> received(static_cast<size_t>(size), rank);
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    const int32_t mine = rank;
+    int32_t theirs = -1;
+    mesh->sendRecv(peer, &mine, sizeof(mine), peer, &theirs, sizeof(theirs), deadline);
+    received[static_cast<size_t>(peer)] = theirs;
+  }
+  return received;
 }
 
 std::string TcpTransport::describePeer(int peer) const {

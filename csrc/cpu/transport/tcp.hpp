@@ -27,6 +27,13 @@
 
 namespace ddplite {
 
+// A mesh on its own (no backend): builds it under the store's "mesh-check/" keys, swaps each
+// rank's number with every peer over it, and returns what each peer sent (index = peer; this
+// rank's own slot holds its rank). For tests of set-up (strangers on the port, authentication)
+// and diagnostics; collective over `size` processes.
+std::vector<int> exchangeRanksOverNewMesh(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                          std::chrono::milliseconds timeout);
+
 class TcpTransport final : public Transport {
  public:
   // Collective over the group: returns once every pair is connected. Throws DistBackendError
@@ -54,11 +61,22 @@ class TcpTransport final : public Transport {
 
   // Building the mesh, one job per function (tcp.cpp): listen and publish the address; connect
   // to each lower rank (with retries until the deadline); accept each higher rank.
+  // Every connection is authenticated first (auth.hpp) unless DDPLITE_AUTH=0.
   struct MeshSetup;
+  struct PendingHandshake;
+  static std::string shareSecret(const MeshSetup& setup);
   static int openListener(MeshSetup& setup);
-  static int tryConnect(const MeshSetup& setup, const sockaddr_in& target, int* error);
+  static int tryConnect(const MeshSetup& setup, int peer, const sockaddr_in& target, int* error);
+  [[noreturn]] static void throwImpostor(const MeshSetup& setup, int peer, const std::string& where,
+                                         const std::string& why);
   static int connectToLowerRank(const MeshSetup& setup, int peer, const std::string& peerAddress);
   static void acceptHigherRanks(const MeshSetup& setup, int listener, TcpTransport& transport);
+  static void acceptWaitingConnections(const MeshSetup& setup, int listener, std::vector<PendingHandshake>& pending);
+  static bool advanceHandshake(const MeshSetup& setup, PendingHandshake& connection, TcpTransport& transport,
+                               std::string* refusal);
+  static std::string handshakeRefusal(const MeshSetup& setup, PendingHandshake& connection, TcpTransport& transport);
+  static void warnDropped(const MeshSetup& setup, const std::string& from, const std::string& why);
+  [[noreturn]] static void throwMissingHigherRanks(const MeshSetup& setup, const TcpTransport& transport);
 
   // One direction of a transfer in progress: an optional fingerprint header, then the payload.
   struct Progress {
