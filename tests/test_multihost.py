@@ -303,7 +303,7 @@ import json, sys
 from datetime import timedelta
 sys.path.insert(0, sys.argv[5])
 import torch, torch.distributed as dist
-import torch_ddp_lite, sweeps
+import torch_ddp_lite, sweeps, shm_workers
 url, rank, size, counts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=120))
 outcome = {"path": list(torch_ddp_lite.cpu_path())}
@@ -313,6 +313,11 @@ for name in ("allreduce", "allreduce_coalesced", "broadcast", "allgather", "redu
 big = torch.full((3_000_001,), float(rank + 1))  # several 512 KiB chunks inside each host
 dist.all_reduce(big)
 outcome["big"] = bool(torch.equal(big, torch.full_like(big, size * (size + 1) / 2)))
+wide = torch.full((3_000_001,), float(rank + 1))  # from the last rank, through every host's segment
+dist.broadcast(wide, src=size - 1)
+outcome["big_broadcast"] = bool(torch.equal(wide, torch.full_like(wide, float(size))))
+# every pair both ways at once, 0 B to several channel rings, then any-source receives
+outcome["p2p"] = shm_workers.p2p_through_channels(rank, size, [0, 1, 1000, 300_000])
 dist.destroy_process_group()
 print("OUTCOME " + json.dumps(outcome), flush=True)
 """
@@ -320,11 +325,13 @@ print("OUTCOME " + json.dumps(outcome), flush=True)
 
 @pytest.mark.parametrize("layout", [[0, 0, 1, 1], [0, 1, 0], [0, 0, 0, 1]], ids=["2+2", "2+1", "3+1"])
 def test_hierarchical_allreduce_across_hosts(hosts, layout):
-    """A group across hosts whose hosts hold several ranks runs all_reduce through shared memory
-    inside each host and over TCP between one leader per host (cpu_path says "hierarchical");
+    """A group across hosts whose hosts hold several ranks runs all_reduce and broadcast (from
+    every root) through shared memory inside each host and over TCP between one leader per host
+    (cpu_path says "hierarchical");
     every sweep (closed form and gloo, every dtype and op, each algorithm pinned and the default)
-    and a 12 MB all_reduce give exact results. Layout: host of each rank (2+1: ranks 0 and 2 on
-    host 0, rank 1 alone on host 1)."""
+    and a 12 MB all_reduce give exact results. send/recv between the ranks of a host go through
+    its channels, across hosts over TCP, all exact. Layout: host of each rank (2+1: ranks 0 and 2
+    on host 0, rank 1 alone on host 1)."""
     network = hosts(max(layout) + 1)
     url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
     env = host_environment("eth0", GLOO_SOCKET_IFNAME="eth0")
@@ -343,7 +350,13 @@ def test_hierarchical_allreduce_across_hosts(hosts, layout):
         outcome = json.loads(reported[0][len("OUTCOME "):])
         path, why = outcome.pop("path")
         assert path == "hierarchical" and expected_layout in why, (path, why)
+        p2p = outcome.pop("p2p")
+        shares_host = layout.count(layout[rank]) > 1
+        assert p2p["path"] == ("shared-memory channels within each host, TCP between hosts" if shares_host
+                               else "TCP"), (rank, p2p["path"])
+        assert p2p["failures"] == [], (rank, p2p["failures"][:5])
         assert outcome.pop("big") is True
+        assert outcome.pop("big_broadcast") is True
         for name, result in outcome.items():
             assert result["failures"] == [], (rank, name, result["failures"])
             assert result["checked"] > 0, (rank, name)

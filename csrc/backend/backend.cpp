@@ -6,6 +6,9 @@
 #include "cpu/algorithms/selector.hpp"
 #include "cpu/reduce/reduce_kernels.hpp"
 #include "cpu/shm/channels.hpp"
+#include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/transport/host_split.hpp"
+#include "cpu/transport/rank_view.hpp"
 #include "cpu/transport/tcp.hpp"
 
 #include <c10/util/StringUtil.h>
@@ -211,14 +214,16 @@ void DdpliteBackend::connectHostHierarchy(const std::string& spansHosts) {
     return;
   }
   cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and the group spans ", hosts_->layout(),
-                       ": all_reduce within each host through shared memory and across hosts over TCP among one "
-                       "leader per host; other collectives over TCP");
+                       ": all_reduce and broadcast within each host through shared memory and across hosts over TCP "
+                       "among one leader per host; other collectives over TCP");
   DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": ", cpuPathWhy_);
 }
 
 // send/recv: through shared-memory channels when the group has a segment (every rank on this
-// host), else over a TCP mesh of their own. A channel segment that cannot be made falls back to
-// TCP on every rank (ShmSegment::create's outcome is the same everywhere).
+// host), else over a TCP mesh of their own; in a group across hosts with a HostHierarchy, through
+// channels among the ranks of each host and that TCP mesh between hosts. A channel segment that
+// cannot be made falls back to TCP for every rank it would have joined (ShmSegment::create's
+// outcome is the same for all of them).
 std::unique_ptr<Transport> DdpliteBackend::connectPointToPoint(Deadline connectBy) {
   if (shm_) {
     std::string whyNot;
@@ -231,7 +236,26 @@ std::unique_ptr<Transport> DdpliteBackend::connectPointToPoint(Deadline connectB
                 "be set up: ", whyNot);
   }
   p2pPath_ = "TCP";
-  return TcpTransport::connectFullMesh(rendezvous_, rank_, size_, connectBy, "p2p/", /*checkFingerprints=*/false);
+  auto mesh = TcpTransport::connectFullMesh(rendezvous_, rank_, size_, connectBy, "p2p/", /*checkFingerprints=*/false);
+  if (!hosts_ || !hosts_->local()) return mesh;
+  return splitByHost(std::move(mesh));
+}
+
+// `mesh` for the peers on other hosts, channels among the ranks of this host for the others.
+std::unique_ptr<Transport> DdpliteBackend::splitByHost(std::unique_ptr<Transport> mesh) {
+  const std::vector<int>& localRanks = hosts_->localRanks();
+  auto liveness = std::make_unique<RankView>(*transport_, localRanks);
+  StoreRendezvous channelKeys = rendezvous_.prefixed(strCat("p2p-shm/host/", localRanks.front(), "/"));
+  std::string whyNot;
+  auto channels = cpu::ShmChannels::create(channelKeys, *liveness, liveness->rank(), liveness->size(), &whyNot,
+                                           localRanks);
+  if (!channels) {
+    DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": send/recv to the ranks of this host go over TCP, their "
+                "shared-memory channels could not be set up: ", whyNot);
+    return mesh;
+  }
+  p2pPath_ = "shared-memory channels within each host, TCP between hosts";
+  return std::make_unique<HostSplitTransport>(std::move(liveness), std::move(channels), localRanks, std::move(mesh));
 }
 
 void DdpliteBackend::connectMpi(bool mpiTransport) {

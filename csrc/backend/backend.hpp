@@ -148,6 +148,7 @@ class DdpliteBackend final : public c10d::Backend {
   void connectSharedMemory();
   void connectHostHierarchy(const std::string& spansHosts);
   std::unique_ptr<Transport> connectPointToPoint(Deadline connectBy);
+  std::unique_ptr<Transport> splitByHost(std::unique_ptr<Transport> mesh);
 
   StoreRendezvous rendezvous_;
   std::atomic<int64_t> timeoutMs_;

@@ -184,8 +184,8 @@ void announceTcpCollective(const CpuContext& ctx, const Fingerprint& fingerprint
   if (ctx.hosts != nullptr && ctx.hosts->local() != nullptr) ctx.hosts->local()->announceTcpCollective(fingerprint);
 }
 
-// The data path of one byte-level collective: MPI's when the group uses it; all_reduce across
-// hosts when the group spans hosts with a segment in each (and no pin); shared memory's when
+// The data path of one byte-level collective: MPI's when the group uses it; all_reduce and
+// broadcast across hosts when the group spans hosts with a segment in each (and no pin); shared memory's when
 // the group has a segment and no algorithm is pinned for the collective, else the selected
 // algorithm with the transport armed with the collective's fingerprint (announced in the segment,
 // if any). `bufferBytes` as in selectAlgorithm (the same on every rank).
@@ -199,11 +199,16 @@ void runCollective(const CpuContext& ctx, Collective collective, const Algorithm
     ctx.mpi->run(collective, args, dtype, op);
     return;
   }
-  if (ctx.hosts != nullptr && collective == Collective::kAllreduce && !isPinned(collective)) {
+  const bool acrossHosts = collective == Collective::kAllreduce || collective == Collective::kBroadcast;
+  if (ctx.hosts != nullptr && acrossHosts && !isPinned(collective)) {
     const Fingerprint fingerprint =
         fingerprintOf(ctx, wireKindOf(collective), kShmAlgorithmIndex, "shm", dtype, reduceOp, root, bufferBytes);
     throwIfPeersSentOverTcp(ctx, fingerprint);
-    shm::allreduceAcrossHosts(*ctx.hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
+    if (collective == Collective::kAllreduce) {
+      shm::allreduceAcrossHosts(*ctx.hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
+    } else {
+      shm::broadcastAcrossHosts(*ctx.hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
+    }
     return;
   }
   if (ctx.shm != nullptr && shmAlgorithmFor(collective) != nullptr && !isPinned(collective)) {

@@ -15,7 +15,6 @@
 // W = 2S). Network: only the leaders send, each as the chosen algorithm on H ranks (ring:
 // 2(H-1)/H * S each way) instead of every rank as on P = L*H ranks; the loopback copies of the
 // ranks on one host disappear.
-#include "cpu/algorithms/selector.hpp"
 #include "cpu/shm/host_hierarchy.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
 
@@ -32,23 +31,7 @@ void allreduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const
     group->beginCollective(local, refusedSeq);
     reduce(*group, toLeader);
   }
-  if (Transport* leaders = hosts.leaders()) {
-    const Selection selection = selectAlgorithm(Collective::kAllreduce, bufferBytes, leaders->size());
-    Fingerprint wire = fingerprint;
-    wire.algorithm = selection.index;
-    wire.algorithmName = selection.name;
-    leaders->beginCollective(wire);
-    AlgorithmArgs among{*leaders, args.deadline, args.scratch, args.data, args.count, args.elementSize,
-                        args.reduce, args.reduceMany, 0};
-    try {
-      selection.run(among);
-    } catch (...) {
-      // The ranks of this host wait in step 3 for this leader: wake them now (any failure here,
-      // not only a transport's, which the backend would abort for anyway).
-      if (ShmGroup* group = hosts.local()) group->abort();
-      throw;
-    }
-  }
+  if (hosts.leaders() != nullptr) hosts.runAmongLeaders(Collective::kAllreduce, args, fingerprint, bufferBytes, 0);
   if (ShmGroup* group = hosts.local()) {
     AlgorithmArgs fromLeader = args;
     fromLeader.root = 0;

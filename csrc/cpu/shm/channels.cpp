@@ -69,7 +69,7 @@ struct alignas(kAlignment) ShmChannels::Ring {
 };
 
 std::unique_ptr<ShmChannels> ShmChannels::create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
-                                                 std::string* whyNot) {
+                                                 std::string* whyNot, std::vector<int> processGroupRanks) {
   const size_t ringBytes = ringBytesFor(size);
   const size_t pairs = static_cast<size_t>(size) * static_cast<size_t>(size);
   const size_t bytes = roundUp(sizeof(RankState) * size, kAlignment) + pairs * sizeof(Ring) + pairs * ringBytes;
@@ -79,6 +79,7 @@ std::unique_ptr<ShmChannels> ShmChannels::create(StoreRendezvous& rendezvous, Tr
     return nullptr;
   }
   std::unique_ptr<ShmChannels> channels(new ShmChannels(std::move(outcome.segment), liveness, rank, size, ringBytes));
+  channels->processGroupRanks_ = std::move(processGroupRanks);
   channels->state(rank).pid = static_cast<uint32_t>(getpid());
   channels->state(rank).pidNamespace = pidNamespace();
   // Every rank's pid is visible to the others after this store round trip.
@@ -290,7 +291,8 @@ void ShmChannels::throwPeerGone(int peer, const char* doing) const {
 
 std::string ShmChannels::describePeer(int peer) const {
   if (peer < 0 || peer >= size_) return strCat("rank ", peer);
-  return strCat("rank ", peer, " (pid ", state(peer).pid, ", shared memory on this host)");
+  const int named = processGroupRanks_.empty() ? peer : processGroupRanks_[static_cast<size_t>(peer)];
+  return strCat("rank ", named, " (pid ", state(peer).pid, ", shared memory on this host)");
 }
 
 void ShmChannels::abort() {

@@ -49,9 +49,11 @@ class ShmChannels : public Transport {
   // Collective over the group (through the store, keys of its own). Null with *whyNot when the
   // segment cannot be made; the same outcome on every rank. `liveness`: the group's TCP mesh,
   // asked whether a peer lives where its pid cannot be watched (another PID namespace, no
-  // pidfd_open); it must outlive the channels.
+  // pidfd_open); it must outlive the channels. `processGroupRanks`: what errors call rank i, when
+  // the channels join only some of a group's ranks (one host's, in a group across hosts);
+  // empty: i itself.
   static std::unique_ptr<ShmChannels> create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
-                                             std::string* whyNot);
+                                             std::string* whyNot, std::vector<int> processGroupRanks = {});
   ~ShmChannels() override;
 
   int rank() const override { return rank_; }
@@ -91,6 +93,7 @@ class ShmChannels : public Transport {
 
   std::unique_ptr<ShmSegment> segment_;
   Transport& liveness_;
+  std::vector<int> processGroupRanks_;  // see create(); empty: the identity
   const int rank_;
   const int size_;
   const size_t ringBytes_;

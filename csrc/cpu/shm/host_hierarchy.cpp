@@ -56,6 +56,15 @@ std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous
     }
   }
   DDPLITE_ENFORCE(mine != nullptr, "rank ", rank, " is on no host");
+  hierarchy->localRanks_ = *mine;
+  hierarchy->hostOfRank_.assign(static_cast<size_t>(size), -1);
+  hierarchy->indexOnHost_.assign(static_cast<size_t>(size), -1);
+  for (size_t host = 0; host < hosts.size(); ++host) {
+    for (size_t index = 0; index < hosts[host].size(); ++index) {
+      hierarchy->hostOfRank_[static_cast<size_t>(hosts[host][index])] = static_cast<int>(host);
+      hierarchy->indexOnHost_[static_cast<size_t>(hosts[host][index])] = static_cast<int>(index);
+    }
+  }
   // This host's segment, through keys of its own (the leader names the host).
   std::string failure;
   if (mine->size() > 1) {
@@ -77,6 +86,24 @@ std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous
   }
   if (rank == mine->front() && hosts.size() > 1) hierarchy->leaders_ = std::make_unique<RankView>(mesh, leaders);
   return hierarchy;
+}
+
+void HostHierarchy::runAmongLeaders(Collective collective, const AlgorithmArgs& args, Fingerprint fingerprint,
+                                    size_t bufferBytes, int root) {
+  DDPLITE_ENFORCE(leaders_ != nullptr, "runAmongLeaders on a rank that does not lead its host");
+  const Selection selection = selectAlgorithm(collective, bufferBytes, leaders_->size());
+  fingerprint.algorithm = selection.index;
+  fingerprint.algorithmName = selection.name;
+  if (fingerprint.root >= 0) fingerprint.root = root;  // the leaders' view numbers hosts
+  leaders_->beginCollective(fingerprint);
+  AlgorithmArgs among{*leaders_, args.deadline, args.scratch, args.data, args.count, args.elementSize,
+                      args.reduce, args.reduceMany, root};
+  try {
+    selection.run(among);
+  } catch (...) {
+    if (local_) local_->abort();
+    throw;
+  }
 }
 
 void HostHierarchy::abort() {

@@ -1,11 +1,14 @@
 // A group whose ranks span hosts, seen as hosts: the ranks of each host share a segment (a
 // ShmGroup over just them), and one leader per host (its lowest rank) talks to the other hosts'
-// leaders over the group's TCP mesh. allreduce_hierarchical.cpp runs all_reduce on it; every
-// other collective of such a group runs over TCP among all ranks, as before.
+// leaders over the group's TCP mesh. allreduce_hierarchical.cpp and broadcast_hierarchical.cpp
+// run all_reduce and broadcast on it; every other collective of such a group runs over TCP
+// among all ranks, as before. Its send/recv go
+// through channels among each host's ranks (backend: HostSplitTransport).
 //
 // Threading: like ShmGroup (the thread that runs the group's collectives; abort() from any).
 #pragma once
 
+#include "cpu/algorithms/selector.hpp"
 #include "cpu/shm/shm_group.hpp"
 #include "cpu/transport/rank_view.hpp"
 
@@ -30,8 +33,24 @@ class HostHierarchy {
   // The hosts' leaders as a group over TCP; null unless this rank leads its host.
   Transport* leaders() const { return leaders_.get(); }
   int hosts() const { return hosts_; }
+  // The group's ranks on this host, ascending (this rank included; the first is the leader).
+  const std::vector<int>& localRanks() const { return localRanks_; }
+  // The host of group rank `rank`, numbered as the leaders' view numbers them (hosts in the order
+  // of their lowest rank), and that of this rank.
+  int hostOf(int rank) const { return hostOfRank_.at(static_cast<size_t>(rank)); }
+  int myHost() const { return hostOf(localRanks_.front()); }
+  // `rank`'s index among its host's ranks (its rank in that host's ShmGroup).
+  int indexOnHost(int rank) const { return indexOnHost_.at(static_cast<size_t>(rank)); }
   // "2 hosts: ranks 0,1 | 2,3"
   const std::string& layout() const { return layout_; }
+
+  // A leader's part of a hierarchical collective: `collective` among the leaders over TCP, with
+  // the algorithm the selector picks for that many leaders and `bufferBytes`, the wire
+  // fingerprint naming it, and `root` (a host number; 0 when unrooted). If it fails, the ranks
+  // of this host, who wait for their leader in the segment, are woken (abort) before it throws.
+  // Only on a leader (leaders() non-null).
+  void runAmongLeaders(Collective collective, const AlgorithmArgs& args, Fingerprint fingerprint, size_t bufferBytes,
+                       int root);
 
   void abort();
 
@@ -42,6 +61,9 @@ class HostHierarchy {
   std::unique_ptr<ShmGroup> local_;
   std::unique_ptr<RankView> leaders_;
   int hosts_ = 0;
+  std::vector<int> localRanks_;
+  std::vector<int> hostOfRank_;   // by group rank
+  std::vector<int> indexOnHost_;  // by group rank
   std::string layout_;
 };
 

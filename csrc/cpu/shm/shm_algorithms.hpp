@@ -44,6 +44,10 @@ bool exchangeFits(const ShmGroup& group);
 // on TCP; `bufferBytes` as in selectAlgorithm; `refusedSeq` as in ShmGroup::beginCollective.
 void allreduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                           size_t bufferBytes, uint64_t refusedSeq);
+// broadcast of a group across hosts (broadcast_hierarchical.cpp), arguments as above; args.root
+// is the group's rank.
+void broadcastAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
+                          size_t bufferBytes, uint64_t refusedSeq);
 void exchange(ShmGroup& group, const ExchangeArgs& args, WireKind kind);  // exchange.cpp
 
 }  // namespace ddplite::cpu::shm
