@@ -64,6 +64,22 @@ def test_group_timeout_names_the_missing_peer(transport):
     assert "unusable after an earlier failure" in outcome["second"]
 
 
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+@pytest.mark.parametrize("world_size,missing", [(3, [2]), (4, [2, 3]), (4, [1])])
+def test_timeout_lists_every_rank_that_did_not_arrive(transport, world_size, missing):
+    """Every rank that times out names all the ranks that never reached the collective (not only
+    the neighbour it waited for), and none of those that did."""
+    results = run_ranks(workers.some_ranks_never_arrive, world_size, missing, pg_timeout_s=3, timeout_s=60,
+                        env={"DDPLITE_CPU_TRANSPORT": transport})
+    expected = "rank(s) that did not arrive at this collective: " + ", ".join(map(str, missing)) + " ("
+    for rank, outcome in enumerate(results):
+        if rank in missing:
+            continue
+        assert outcome["raised"] == "DistBackendError", (rank, outcome)
+        assert expected in outcome["message"], (rank, outcome["message"])
+        assert outcome["elapsed"] < 6, (rank, outcome)
+
+
 def test_invalid_inputs_raise_clear_errors_and_keep_the_group_usable():
     results = run_ranks(workers.invalid_inputs, 2)
     for rank, outcomes in enumerate(results):

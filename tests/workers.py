@@ -271,6 +271,20 @@ def peer_never_arrives(rank, world_size):
     return {"raised": True, "message": message, "elapsed": time.monotonic() - start, "second": second}
 
 
+def some_ranks_never_arrive(rank, world_size, missing):
+    """The ranks in `missing` sleep past the group's timeout; the others all_reduce (ring-sized, so
+    over TCP each waits on one neighbour only) and report the error."""
+    if rank in missing:
+        time.sleep(6.0)
+        return {"skipped": True}
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(100_000))
+        return {"raised": None}
+    except Exception as error:  # noqa: BLE001
+        return {"raised": type(error).__name__, "message": str(error), "elapsed": time.monotonic() - start}
+
+
 def invalid_inputs(rank, world_size):
     """Each bad call must raise at once, on the caller, with context; the group stays usable."""
     cases = {
@@ -360,6 +374,29 @@ def single_process_train(world_size, steps=20, batch_per_rank=16, samples=256):
     full = [sum((per_rank[r][s] for r in range(world_size)), []) for s in range(steps)]
     train_steps(model, optimizer, images, labels, full)
     return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def fail_then_recover(rank, world_size, second_store, failure):
+    """The group fails (`failure`: "mismatch", the last rank all_reduces another size; "timeout",
+    the last rank arrives after the group's timeout); every rank then destroys it, joins a fresh
+    group through a new store in the same process, and trains DDP there. Returns the first
+    error's type and the trained parameters."""
+    last = rank == world_size - 1
+    outcome = {}
+    try:
+        if failure == "timeout" and last:
+            time.sleep(3.0)
+        tensor = torch.ones(9 if (failure == "mismatch" and last) else 8)
+        dist.all_reduce(tensor)
+        outcome["first"] = "returned"
+        outcome["value"] = tensor.tolist()
+    except Exception as error:  # noqa: BLE001
+        outcome["first"] = type(error).__name__
+    dist.destroy_process_group()
+    dist.init_process_group("ddplite", init_method=f"file://{second_store}", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=60))
+    outcome["params"] = ddp_train(rank, world_size, steps=6)
+    return outcome
 
 
 def abort_fails_pending_and_later_ops(rank, world_size):

@@ -156,6 +156,7 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   p2p_ = std::make_unique<cpu::P2pEngine>(connectPointToPoint(connectBy));
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
                                       [this](std::chrono::milliseconds t) { return resolveTimeout(t); }});
+  arrivals_ = std::make_unique<ArrivalRecorder>(rendezvous_, rank, size);
   worker_ = std::make_unique<Worker>();
   DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " ready (timeout ", timeoutMs_.load(), " ms, CPU collectives over ",
               cpuTransportName(), ", send/recv over ", p2pPath_, ", bootstrap over ", bootstrap_->name(), ")");
@@ -421,21 +422,35 @@ bool DdpliteBackend::mayRunInline(const std::vector<at::Tensor>& outputs) const 
 void DdpliteBackend::runOp(DdpliteWork& work, std::chrono::milliseconds timeout, uint64_t refusedSeq,
                            const CpuBody& body) {
   if (shm_) shm_->markStarted(work.context().seq);
+  const Deadline deadline = Clock::now() + timeout;
+  arrivals_->begin(work.context().seq, deadline, timeout);
   try {
     throwIfBroken(work.context());
-    body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout, work.context(), mpiCollectives_.get(),
-                         shm_.get(), refusedSeq, kernels_, hosts_.get()});
+    body(cpu::CpuContext{*transport_, scratch_, deadline, work.context(), mpiCollectives_.get(), shm_.get(),
+                         refusedSeq, kernels_, hosts_.get()});
+    arrivals_->end();
     work.markFinished(nullptr);
   } catch (const TransportError& error) {
+    arrivals_->end();
     work.markFinished(failureFromTransport(work.context(), error));
   } catch (...) {
+    arrivals_->end();
     work.markFinished(std::current_exception());
   }
+}
+
+std::string DdpliteBackend::arrivalsNote(uint64_t seq) {
+  const std::optional<std::vector<int>> missing = arrivals_->missingRanks(seq);
+  if (!missing) return "";
+  if (missing->empty()) return "; every rank of the group was seen waiting in this collective";
+  return strCat("; rank(s) that did not arrive at this collective: ", c10::Join(", ", *missing),
+                " (not seen waiting in it, per the group's store)");
 }
 
 std::exception_ptr DdpliteBackend::failureFromTransport(const OpContext& ctx, const TransportError& error) {
   std::string what = error.what();
   if (error.kind() == TransportError::Kind::kMismatch) what += refusalNote(ctx.seq);
+  if (error.kind() == TransportError::Kind::kTimeout) what += arrivalsNote(ctx.seq);
   if (error.kind() == TransportError::Kind::kAborted) {
     std::lock_guard<std::mutex> lock(brokenMutex_);
     if (!brokenReason_.empty()) what = brokenReason_;

@@ -12,6 +12,7 @@
 // leaves the group unusable; later collectives fail at once with the recorded cause.
 #pragma once
 
+#include "backend/arrival_recorder.hpp"
 #include "backend/work.hpp"
 #include "backend/worker.hpp"
 #include "common/errors.hpp"
@@ -138,6 +139,8 @@ class DdpliteBackend final : public c10d::Backend {
   // shared memory (or the group has one rank) and moves at most DDPLITE_SHM_INLINE_BYTES.
   bool mayRunInline(const std::vector<at::Tensor>& outputs) const;
   std::exception_ptr failureFromTransport(const OpContext& ctx, const TransportError& error);
+  // "; rank(s) that did not arrive at this collective: 2, 3 (...)" for a timeout in op `seq`.
+  std::string arrivalsNote(uint64_t seq);
   c10::intrusive_ptr<c10d::Work> postRecv(const char* op, std::vector<at::Tensor>& tensors, int srcRank, int tag);
   OpContext nextP2pContext(const char* op);
   void markBroken(const std::string& reason);
@@ -178,6 +181,7 @@ class DdpliteBackend final : public c10d::Backend {
   std::string brokenReason_;    // non-empty once the group is unusable
 
   std::unique_ptr<CudaPath> cuda_;        // null in builds without NCCL
+  std::unique_ptr<ArrivalRecorder> arrivals_;  // which ranks reached a stalled collective
 
   std::atomic<bool> closed_{false};
   std::unique_ptr<Worker> worker_;  // last member: its thread uses everything above

@@ -24,6 +24,14 @@ std::string StoreRendezvous::get(const std::string& key, const std::string& wait
   }
 }
 
+std::optional<bool> StoreRendezvous::has(const std::string& key) {
+  try {
+    return store_->check({kNamespace + prefix_ + key});
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 void StoreRendezvous::recordFailure(const std::string& reason) {
   try {
     // compareSet keeps the first reason: later ones are usually the cascade.

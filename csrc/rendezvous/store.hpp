@@ -28,6 +28,8 @@ class StoreRendezvous {
   void set(const std::string& key, const std::string& value);
   // Blocks until the key exists or the store's timeout passes (then throws DistBackendError).
   std::string get(const std::string& key, const std::string& waitingFor);
+  // Whether the key exists, without waiting; nothing when the store cannot be reached.
+  std::optional<bool> has(const std::string& key);
 
   // Failure broadcast: the first rank that sees a peer fail records the root cause here before
   // it tears its connections down, so that ranks which only see the cascade can name the rank
