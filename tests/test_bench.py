@@ -211,6 +211,8 @@ def test_collect_env_names_versions_and_transports():
     expected = "tcp, mpi, shm" if torch_ddp_lite.build_info()["mpi"] else "tcp, shm"
     assert f"transports: {expected}\n" in stdout
     assert "DDPLITE_RING_SEGMENT_BYTES:" in stdout
+    backends = next(line for line in stdout.splitlines() if line.startswith("torch.distributed backends:"))
+    assert backends.startswith("torch.distributed backends: gloo") and "ddplite (third-party, registered)" in backends
     assert "extension build flags: -O3 -Wall -Wno-unused-parameter\n" in stdout
     assert "CPU algorithms: allreduce: naive, ring, butterfly, halving_doubling;" in stdout
 

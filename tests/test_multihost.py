@@ -224,7 +224,7 @@ def test_two_hosts_two_ranks_each_under_torchrun(hosts, tmp_path, synthetic_dir,
         assert all(f"listens on {network.addresses[node]}:" in line and
                    "interface eth0 chosen by DDPLITE_SOCKET_IFNAME=eth" in line for line in lines), lines
     assert "launcher=torchrun world_size=4" in results[0][1] + results[1][1]
-    assert "all_reduce within each host through shared memory" in results[0][1]
+    assert "all_reduce and broadcast within each host through shared memory" in results[0][1]
     assert_same_parameters(load_checkpoint(tmp_path), one_host_four_ranks_paired_sums)
     assert network.pids() == []
 

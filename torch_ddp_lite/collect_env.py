@@ -42,10 +42,19 @@ def torch_section():
         "torch CXX11 ABI": torch._C._GLIBCXX_USE_CXX11_ABI,
         "torch compiler": torch_build_line("GCC") or torch_build_line("clang") or "unknown",
         "torch CPU capability": torch.backends.cpu.get_cpu_capability(),
-        "torch.distributed backends": ", ".join(name for name, available in (
-            ("gloo", torch.distributed.is_gloo_available()), ("nccl", torch.distributed.is_nccl_available()),
-            ("mpi", torch.distributed.is_mpi_available())) if available),
+        "torch.distributed backends": distributed_backends(),
     }
+
+
+def distributed_backends():
+    """torch's own backends this build has, then the third-party ones registered in this process
+    (ddplite among them, once torch_ddp_lite or torch's autoload registered it)."""
+    import torch.distributed as dist
+
+    builtin = [name for name, available in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()),
+                                            ("mpi", dist.is_mpi_available())) if available]
+    plugins = sorted(name.lower() for name in getattr(dist.Backend, "_plugins", {}))
+    return ", ".join(builtin + [f"{name} (third-party, registered)" for name in plugins])
 
 
 def torch_build_line(word):

@@ -156,7 +156,7 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   p2p_ = std::make_unique<cpu::P2pEngine>(connectPointToPoint(connectBy));
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
                                       [this](std::chrono::milliseconds t) { return resolveTimeout(t); }});
-  arrivals_ = std::make_unique<ArrivalRecorder>(rendezvous_, rank, size);
+  if (size > 1) arrivals_ = std::make_unique<ArrivalRecorder>(rendezvous_, rank, size);
   worker_ = std::make_unique<Worker>();
   DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " ready (timeout ", timeoutMs_.load(), " ms, CPU collectives over ",
               cpuTransportName(), ", send/recv over ", p2pPath_, ", bootstrap over ", bootstrap_->name(), ")");
@@ -423,28 +423,32 @@ void DdpliteBackend::runOp(DdpliteWork& work, std::chrono::milliseconds timeout,
                            const CpuBody& body) {
   if (shm_) shm_->markStarted(work.context().seq);
   const Deadline deadline = Clock::now() + timeout;
-  arrivals_->begin(work.context().seq, deadline, timeout);
+  if (arrivals_) arrivals_->begin(work.context().seq, deadline, timeout);
   try {
     throwIfBroken(work.context());
     body(cpu::CpuContext{*transport_, scratch_, deadline, work.context(), mpiCollectives_.get(), shm_.get(),
                          refusedSeq, kernels_, hosts_.get()});
-    arrivals_->end();
+    if (arrivals_) arrivals_->end();
     work.markFinished(nullptr);
   } catch (const TransportError& error) {
-    arrivals_->end();
+    if (arrivals_) arrivals_->end();
     work.markFinished(failureFromTransport(work.context(), error));
   } catch (...) {
-    arrivals_->end();
+    if (arrivals_) arrivals_->end();
     work.markFinished(std::current_exception());
   }
 }
 
 std::string DdpliteBackend::arrivalsNote(uint64_t seq) {
-  const std::optional<std::vector<int>> missing = arrivals_->missingRanks(seq);
+  // Bounded: a frozen store host must not hold the error back (the store's own timeout is the
+  // group's, 30 minutes by default).
+  constexpr auto kStoreAnswerWithin = std::chrono::seconds(2);
+  if (!arrivals_) return "";
+  const std::optional<std::vector<int>> missing = arrivals_->missingRanks(seq, kStoreAnswerWithin);
   if (!missing) return "";
   if (missing->empty()) return "; every rank of the group was seen waiting in this collective";
   return strCat("; rank(s) that did not arrive at this collective: ", c10::Join(", ", *missing),
-                " (not seen waiting in it, per the group's store)");
+                " (not seen waiting in it, per the group's store: absent, or done with its part in under a second)");
 }
 
 std::exception_ptr DdpliteBackend::failureFromTransport(const OpContext& ctx, const TransportError& error) {

@@ -181,7 +181,7 @@ class DdpliteBackend final : public c10d::Backend {
   std::string brokenReason_;    // non-empty once the group is unusable
 
   std::unique_ptr<CudaPath> cuda_;        // null in builds without NCCL
-  std::unique_ptr<ArrivalRecorder> arrivals_;  // which ranks reached a stalled collective
+  std::unique_ptr<ArrivalRecorder> arrivals_;  // which ranks reached a stalled collective; null for one rank
 
   std::atomic<bool> closed_{false};
   std::unique_ptr<Worker> worker_;  // last member: its thread uses everything above

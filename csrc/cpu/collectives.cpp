@@ -180,8 +180,10 @@ void beginOnSharedMemory(const CpuContext& ctx, Fingerprint fingerprint) {
 
 // Says in the segment(s) this rank shares that it runs `fingerprint` over TCP (ShmGroup).
 void announceTcpCollective(const CpuContext& ctx, const Fingerprint& fingerprint) {
-  if (ctx.shm != nullptr) ctx.shm->announceTcpCollective(fingerprint);
-  if (ctx.hosts != nullptr && ctx.hosts->local() != nullptr) ctx.hosts->local()->announceTcpCollective(fingerprint);
+  if (ctx.shm != nullptr) ctx.shm->announceTcpCollective(fingerprint, ctx.deadline);
+  if (ctx.hosts != nullptr && ctx.hosts->local() != nullptr) {
+    ctx.hosts->local()->announceTcpCollective(fingerprint, ctx.deadline);
+  }
 }
 
 // The data path of one byte-level collective: MPI's when the group uses it; all_reduce and

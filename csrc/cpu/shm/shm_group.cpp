@@ -156,22 +156,37 @@ void ShmGroup::waitAllPosted(uint32_t step, uint64_t stepBytes, Deadline deadlin
 }
 
 void ShmGroup::checkAllPostedLater(uint32_t step, uint64_t stepBytes) {
+  bool allPosted = true;
+  for (int peer = 0; peer < size_ && allPosted; ++peer) {
+    allPosted = peer == rank_ || reached(flag(peer, Flag::kPosted).load(std::memory_order_acquire), step);
+  }
+  if (allPosted) {  // the root came last: check now, nothing to wait for
+    waitAllPosted(step, stepBytes, Clock::now());
+    markConsumed(step);
+    return;
+  }
   deferred_ = DeferredCheck{step, stepBytes, current_, refusedSeq_};
 }
 
 void ShmGroup::settleDeferredCheck(Deadline deadline) {
   if (deferred_.step == 0) return;
-  // Checked as the collective it belongs to (errors name it), then back to the current one.
-  const Fingerprint current = current_;
-  const uint64_t refused = refusedSeq_;
+  // Checked as the collective it belongs to (errors name it), then back to the current one,
+  // whether the check passes or throws.
+  struct Restore {
+    ShmGroup& group;
+    Fingerprint fingerprint;
+    uint64_t refusedSeq;
+    ~Restore() {
+      group.current_ = fingerprint;
+      group.refusedSeq_ = refusedSeq;
+    }
+  } restore{*this, current_, refusedSeq_};
   const DeferredCheck check = deferred_;
   deferred_ = DeferredCheck{};
   current_ = check.fingerprint;
   refusedSeq_ = check.refusedSeq;
   waitAllPosted(check.step, check.stepBytes, deadline);
   markConsumed(check.step);
-  current_ = current;
-  refusedSeq_ = refused;
 }
 
 void ShmGroup::waitAllReduced(uint32_t step, Deadline deadline) {
@@ -256,7 +271,8 @@ bool ShmGroup::peersStarted(uint64_t seq, std::chrono::microseconds within) cons
   return true;
 }
 
-void ShmGroup::announceTcpCollective(const Fingerprint& fingerprint) {
+void ShmGroup::announceTcpCollective(const Fingerprint& fingerprint, Deadline deadline) {
+  settleDeferredCheck(deadline);  // a broadcast root's check is due before it leaves the segment
   const WireHeader header = encodeHeader(fingerprint, 0);
   uint64_t words[sizeof(WireHeader) / sizeof(uint64_t)];
   std::memcpy(words, &header, sizeof(header));

@@ -87,8 +87,8 @@ class ShmGroup {
   void waitAllPosted(uint32_t step, uint64_t stepBytes, Deadline deadline);
   void waitAllReduced(uint32_t step, Deadline deadline);
   // In place of waitAllPosted + markConsumed, for a rank that reads no one's data in `step` (a
-  // broadcast root): the check that every peer posted the same collective runs at this rank's
-  // next beginStep, and `step` is marked consumed only then. The root need not wait for its
+  // broadcast root): when every peer has already posted, checks now; else the check runs at this
+  // rank's next beginStep (or announceTcpCollective), and `step` is marked consumed only then. The root need not wait for its
   // peers now (one sleep and wake-up less per broadcast); a disagreement is still found, one
   // step later, and reported naming this collective. No rank can need this rank's `consumed`
   // flag for `step` before this rank reaches step + 1 (beginStep waits for step - 2).
@@ -105,7 +105,8 @@ class ShmGroup {
   // all_to_all, or a collective with a pinned algorithm). A peer waiting in shared memory for
   // this rank in a collective with the same or a lower sequence number learns from it that this
   // rank went another way, and raises a mismatch within one wait slice instead of timing out.
-  void announceTcpCollective(const Fingerprint& fingerprint);
+  // Settles a pending checkAllPostedLater() first (by `deadline`).
+  void announceTcpCollective(const Fingerprint& fingerprint, Deadline deadline);
 
   // Wakes every waiter; blocked and later waits throw TransportError(kAborted). Any thread.
   void abort();

@@ -32,7 +32,8 @@ constexpr uint32_t kAuthHelloMagic = 0xdd911e02;  // Hello with a MAC
 constexpr uint32_t kChallengeMagic = 0xdd911e03;
 constexpr uint32_t kAckMagic = 0xdd911e04;
 // How long an accepted connection may take to complete its handshake, and how many may be
-// pending at once (the oldest is dropped past that): a stranger holds up nothing but its slot.
+// pending at once beyond the peers still expected (the oldest is dropped past that): a stranger
+// holds up nothing but its slot.
 constexpr auto kHandshakeLimit = std::chrono::seconds(10);
 constexpr size_t kMaxPendingHandshakes = 64;
 constexpr const char* kStillPending = "(handshake under way)";
@@ -55,12 +56,18 @@ struct Ack {
   auth::Digest mac;
 };
 
+// The handshake's bytes are the structs' bytes: no padding may creep in.
+static_assert(sizeof(Challenge) == 20 && sizeof(Hello) == 60 && sizeof(Ack) == 36, "handshake layout");
+
 std::string bytesOf(const void* data, size_t bytes) { return std::string(static_cast<const char*>(data), bytes); }
 
-auth::Digest helloMac(const std::string& secret, const auth::Nonce& challenge, const Hello& hello) {
+// Binds the listener's rank too: a process that took over a published port cannot relay a
+// genuine listener's challenge and pass the answer off as a connection to itself.
+auth::Digest helloMac(const std::string& secret, const auth::Nonce& challenge, const Hello& hello, int listenerRank) {
+  const int32_t listener = listenerRank;
   return auth::hmacSha256(secret, "ddplite-hello" + bytesOf(challenge.data(), challenge.size()) +
                                       bytesOf(&hello.rank, sizeof(hello.rank)) + bytesOf(&hello.size, sizeof(hello.size)) +
-                                      bytesOf(hello.nonce.data(), hello.nonce.size()));
+                                      bytesOf(hello.nonce.data(), hello.nonce.size()) + bytesOf(&listener, sizeof(listener)));
 }
 
 auth::Digest ackMac(const std::string& secret, const auth::Nonce& challenge, const Hello& hello, int listenerRank) {
@@ -333,7 +340,7 @@ int TcpTransport::openListener(MeshSetup& setup) {
   checkCall(listener.get(), setup.rank, "socket", about);
   sockaddr_in bindAddress = parseAddress(setup.host + ":0", setup.rank);
   if (bind(listener.get(), reinterpret_cast<sockaddr*>(&bindAddress), sizeof(bindAddress)) != 0 ||
-      listen(listener.get(), setup.size) != 0) {
+      listen(listener.get(), SOMAXCONN) != 0) {  // strangers must not fill a backlog sized for the peers
     throwDistError(strCat("rank ", setup.rank, " cannot listen on ", setup.host, ": ", std::strerror(errno)),
                    "choose another interface with DDPLITE_SOCKET_IFNAME");
   }
@@ -372,7 +379,7 @@ int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const sockaddr_in
   const std::string where = describeAddress(target);
   if (challenge.magic != kChallengeMagic) throwImpostor(setup, peer, where, "its first bytes are not a ddplite challenge");
   hello.nonce = auth::newNonce();
-  hello.mac = helloMac(setup.secret, challenge.nonce, hello);
+  hello.mac = helloMac(setup.secret, challenge.nonce, hello, peer);
   Ack ack = {};
   if (!writeBefore(fd.get(), &hello, sizeof(hello), setup.deadline) ||
       !readBefore(fd.get(), &ack, sizeof(ack), setup.deadline)) {
@@ -440,7 +447,9 @@ void TcpTransport::acceptHigherRanks(const MeshSetup& setup, int listener, TcpTr
       }
       pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i - 1));
     }
-    if (entries[0].revents != 0) acceptWaitingConnections(setup, listener, pending);
+    if (entries[0].revents != 0) {
+      acceptWaitingConnections(setup, listener, static_cast<size_t>(setup.size - 1 - setup.rank - accepted), pending);
+    }
   }
   for (const PendingHandshake& connection : pending) {
     warnDropped(setup, connection.from, "set-up ended before it completed the handshake");
@@ -448,19 +457,27 @@ void TcpTransport::acceptHigherRanks(const MeshSetup& setup, int listener, TcpTr
 }
 
 // accept()s every connection the kernel holds; with authentication, sends each its challenge.
-void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener,
+void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener, size_t stillExpected,
                                             std::vector<PendingHandshake>& pending) {
   while (true) {
     sockaddr_in from = {};
     socklen_t length = sizeof(from);
     UniqueFd fd(accept4(listener, reinterpret_cast<sockaddr*>(&from), &length, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (fd.get() < 0) {
-      // EAGAIN: nothing more waiting. ECONNABORTED and the like: that connection gave up. Running
-      // out of descriptors is reported by the deadline (the missing ranks), not here.
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED && errno != EINTR) {
-        DDPLITE_LOG(kWarn, "rank ", setup.rank, ": accept failed on ", setup.myAddress, ": ", std::strerror(errno));
+      // EAGAIN: nothing more waiting. ECONNABORTED: that connection gave up. Anything else (out
+      // of descriptors: the connection stays queued and the listener readable) is warned about
+      // once and retried after a pause, not in a tight loop; the deadline reports the ranks
+      // that could not connect.
+      const int error = errno;
+      if (error == EINTR || error == ECONNABORTED) continue;
+      if (error != EAGAIN && error != EWOULDBLOCK) {
+        static std::atomic<bool> warned{false};
+        if (!warned.exchange(true)) {
+          DDPLITE_LOG(kWarn, "rank ", setup.rank, ": accept failed on ", setup.myAddress, ": ", std::strerror(error),
+                      "; retrying every 100 ms until the set-up deadline");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
-      if (errno == EINTR || errno == ECONNABORTED) continue;
       return;
     }
     PendingHandshake connection{std::move(fd), describeAddress(from),
@@ -474,7 +491,9 @@ void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener
         continue;
       }
     }
-    if (pending.size() >= kMaxPendingHandshakes) {
+    // Room for every peer still to come, plus kMaxPendingHandshakes strangers: in a large group
+    // all higher ranks connect at once, and none of them may be pushed out by the others.
+    if (pending.size() >= stillExpected + kMaxPendingHandshakes) {
       warnDropped(setup, pending.front().from,
                   strCat("more than ", kMaxPendingHandshakes, " connections were waiting to complete a handshake"));
       pending.erase(pending.begin());
@@ -509,7 +528,8 @@ std::string TcpTransport::handshakeRefusal(const MeshSetup& setup, PendingHandsh
   const Hello& hello = connection.hello;
   const uint32_t expected = setup.authenticates() ? kAuthHelloMagic : kHelloMagic;
   if (hello.magic != expected) return "its handshake is not a ddplite hello";
-  if (setup.authenticates() && !auth::sameDigest(hello.mac, helloMac(setup.secret, connection.challenge, hello))) {
+  if (setup.authenticates() &&
+      !auth::sameDigest(hello.mac, helloMac(setup.secret, connection.challenge, hello, setup.rank))) {
     return "its handshake does not prove it holds the group's secret (a stranger, a replayed handshake, or a rank "
            "of another job)";
   }

@@ -71,7 +71,8 @@ class TcpTransport final : public Transport {
                                          const std::string& why);
   static int connectToLowerRank(const MeshSetup& setup, int peer, const std::string& peerAddress);
   static void acceptHigherRanks(const MeshSetup& setup, int listener, TcpTransport& transport);
-  static void acceptWaitingConnections(const MeshSetup& setup, int listener, std::vector<PendingHandshake>& pending);
+  static void acceptWaitingConnections(const MeshSetup& setup, int listener, size_t stillExpected,
+                                       std::vector<PendingHandshake>& pending);
   static bool advanceHandshake(const MeshSetup& setup, PendingHandshake& connection, TcpTransport& transport,
                                std::string* refusal);
   static std::string handshakeRefusal(const MeshSetup& setup, PendingHandshake& connection, TcpTransport& transport);
