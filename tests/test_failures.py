@@ -80,6 +80,22 @@ def test_timeout_lists_every_rank_that_did_not_arrive(transport, world_size, mis
         assert outcome["elapsed"] < 6, (rank, outcome)
 
 
+@pytest.mark.parametrize("scenario,expected", [("success", "SUCCESS"), ("timeout", "TIMEOUT"),
+                                               ("dead_peer", "COMM_ERROR")])
+def test_work_get_future_result_says_how_the_op_ended(scenario, expected):
+    """work.get_future_result() (torch's WorkResult): SUCCESS, TIMEOUT when a peer never arrives
+    within the group's timeout, COMM_ERROR when a peer is gone; asked before and after the op
+    completes."""
+    import torch
+
+    results = run_ranks(workers.work_results, 2, scenario, pg_timeout_s=2, timeout_s=60, may_exit={1})
+    outcome = results[0]
+    wanted = int(torch._C._distributed_c10d.WorkResult.__members__[expected].value)
+    assert outcome["early"] == wanted and outcome["late"] == wanted, (outcome, expected)
+    if scenario == "success":
+        assert outcome["value"] == 2.0
+
+
 def test_invalid_inputs_raise_clear_errors_and_keep_the_group_usable():
     results = run_ranks(workers.invalid_inputs, 2)
     for rank, outcomes in enumerate(results):

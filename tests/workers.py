@@ -285,6 +285,26 @@ def some_ranks_never_arrive(rank, world_size, missing):
         return {"raised": type(error).__name__, "message": str(error), "elapsed": time.monotonic() - start}
 
 
+def work_results(rank, world_size, scenario):
+    """get_future_result() of an all_reduce on rank 0: "success" (asked before and after it
+    completes), "timeout" (rank 1 never arrives), "dead_peer" (rank 1 exits at once). Returns the
+    WorkResult values seen on rank 0."""
+    if rank == 1 and scenario == "timeout":
+        time.sleep(4.0)
+        return {"skipped": True}
+    if rank == 1 and scenario == "dead_peer":
+        os._exit(0)
+    tensor = torch.ones(1000)
+    work = dist.all_reduce(tensor, async_op=True)
+    early = work.get_future_result()
+    try:
+        work.wait()
+    except Exception:  # noqa: BLE001 - the failure cases raise here; the result says which
+        pass
+    late = work.get_future_result()
+    return {"early": early.wait(), "late": late.wait(), "value": tensor[0].item()}
+
+
 def invalid_inputs(rank, world_size):
     """Each bad call must raise at once, on the caller, with context; the group stays usable."""
     cases = {

@@ -107,6 +107,23 @@ void agreeOnGroupWideKnobs(StoreRendezvous& rendezvous, int rank, int size) {
   }
 }
 
+c10d::WorkResult workResultOf(const TransportError& error) {
+  return error.kind() == TransportError::Kind::kTimeout ? c10d::WorkResult::TIMEOUT : c10d::WorkResult::COMM_ERROR;
+}
+
+// The same for a failure carried as an exception_ptr (the P2P engine's); COMM_ERROR for anything
+// but a TransportError timeout, and for none (unused then).
+c10d::WorkResult workResultOf(const std::exception_ptr& error) {
+  if (!error) return c10d::WorkResult::COMM_ERROR;
+  try {
+    std::rethrow_exception(error);
+  } catch (const TransportError& failure) {
+    return workResultOf(failure);
+  } catch (...) {
+    return c10d::WorkResult::COMM_ERROR;
+  }
+}
+
 bool wantsMpiTransport(int rank, int size) {
   if (env::cpuTransport() != "mpi") return false;
   if (!mpi::compiledIn()) {
@@ -432,7 +449,7 @@ void DdpliteBackend::runOp(DdpliteWork& work, std::chrono::milliseconds timeout,
     work.markFinished(nullptr);
   } catch (const TransportError& error) {
     if (arrivals_) arrivals_->end();
-    work.markFinished(failureFromTransport(work.context(), error));
+    work.markFinished(failureFromTransport(work.context(), error), workResultOf(error));
   } catch (...) {
     if (arrivals_) arrivals_->end();
     work.markFinished(std::current_exception());
@@ -811,7 +828,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::send(std::vector<at::Tensor>& ten
   p2p_->send(dstRank, tag, tensor.contiguous(), Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
              [work, ctx](std::exception_ptr error, int source) {
                work->setSourceRank(source);
-               work->markFinished(error ? p2pFailure(ctx, error) : nullptr);
+               work->markFinished(error ? p2pFailure(ctx, error) : nullptr, workResultOf(error));
              });
   return work;
 }
@@ -839,7 +856,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
              [work, ctx, tensor, landing](std::exception_ptr error, int source) mutable {
                if (!error && !landing.is_same(tensor)) tensor.copy_(landing);
                work->setSourceRank(source);
-               work->markFinished(error ? p2pFailure(ctx, error) : nullptr);
+               work->markFinished(error ? p2pFailure(ctx, error) : nullptr, workResultOf(error));
              });
   return work;
 }

@@ -37,8 +37,24 @@ uint64_t DdpliteWork::getSequencenumber() const {
   return context_.seq;
 }
 
-void DdpliteWork::markFinished(std::exception_ptr error) {
-  // The future first: a caller woken by wait() may read getFuture()->value() at once.
+c10::intrusive_ptr<c10::ivalue::Future> DdpliteWork::getFutureResult() {
+  std::lock_guard<std::mutex> lock(resultMutex_);
+  if (!resultFuture_) {
+    resultFuture_ = c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get());
+    if (result_) resultFuture_->markCompleted(c10::IValue(static_cast<int64_t>(*result_)));
+  }
+  return resultFuture_;
+}
+
+void DdpliteWork::markFinished(std::exception_ptr error, c10d::WorkResult outcome) {
+  c10::intrusive_ptr<c10::ivalue::Future> resultFuture;
+  {
+    std::lock_guard<std::mutex> lock(resultMutex_);
+    result_ = error ? outcome : c10d::WorkResult::SUCCESS;
+    resultFuture = resultFuture_;
+  }
+  // The futures first: a caller woken by wait() may read getFuture()->value() at once.
+  if (resultFuture) resultFuture->markCompleted(c10::IValue(static_cast<int64_t>(*result_)));
   if (error) {
     future_->setError(error);
   } else {

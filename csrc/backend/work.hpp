@@ -13,6 +13,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 namespace ddplite {
@@ -26,6 +28,10 @@ class DdpliteWork final : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout) override;
   std::vector<at::Tensor> result() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  // A future of the op's c10d::WorkResult (as an int): SUCCESS, TIMEOUT (the op's timeout
+  // passed), or COMM_ERROR (any other failure); it completes when the op does, never with an
+  // error. Made on first call.
+  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override;
   uint64_t getSequencenumber() const override;
   // The rank a recv's message came from (recv from any source); -1 before it completes.
   int sourceRank() const override { return sourceRank_.load(); }
@@ -33,15 +39,19 @@ class DdpliteWork final : public c10d::Work {
 
   const OpContext& context() const { return context_; }
 
-  // Completing thread only. Completes the future, then the Work, outside every lock of ours
-  // (future callbacks run inline and may take the GIL).
-  void markFinished(std::exception_ptr error);
+  // Completing thread only. Completes the futures, then the Work, outside every lock of ours
+  // (future callbacks run inline and may take the GIL). `outcome` classifies a failure for
+  // getFutureResult (COMM_ERROR unless said otherwise); ignored on success.
+  void markFinished(std::exception_ptr error, c10d::WorkResult outcome = c10d::WorkResult::COMM_ERROR);
 
  private:
   const OpContext context_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> sourceRank_{-1};
+  std::mutex resultMutex_;  // guards the two below
+  c10::intrusive_ptr<c10::ivalue::Future> resultFuture_;  // getFutureResult's, once asked for
+  std::optional<c10d::WorkResult> result_;                 // set by markFinished
 };
 
 }  // namespace ddplite
