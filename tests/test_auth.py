@@ -165,7 +165,7 @@ def test_strangers_on_the_listener_hold_up_nothing_and_are_named(auth):
         assert "does not prove it holds the group's secret" in log, log[-4000:]
 
 
-def keep_attacking(store, keys, stop, made):
+def keep_attacking(keys, stop, made):
     """Connects to every port the job publishes, again and again, until `stop` is set."""
     rng = random.Random(5)
     while not stop.is_set():
@@ -189,7 +189,7 @@ def test_whole_job_under_attack_starts_and_computes(transport):
     store = host_store()
     keys = default_group_keys(store)
     stop, made = threading.Event(), []
-    attacker = threading.Thread(target=keep_attacking, args=(store, keys, stop, made), daemon=True)
+    attacker = threading.Thread(target=keep_attacking, args=(keys, stop, made), daemon=True)
     attacker.start()
     try:
         ranks = [start_job_rank(rank, store.port, {"DDPLITE_CPU_TRANSPORT": transport}) for rank in (0, 1)]

@@ -441,19 +441,20 @@ void DdpliteBackend::runOp(DdpliteWork& work, std::chrono::milliseconds timeout,
   if (shm_) shm_->markStarted(work.context().seq);
   const Deadline deadline = Clock::now() + timeout;
   if (arrivals_) arrivals_->begin(work.context().seq, deadline, timeout);
+  std::exception_ptr failure;
+  c10d::WorkResult outcome = c10d::WorkResult::COMM_ERROR;
   try {
     throwIfBroken(work.context());
     body(cpu::CpuContext{*transport_, scratch_, deadline, work.context(), mpiCollectives_.get(), shm_.get(),
                          refusedSeq, kernels_, hosts_.get()});
-    if (arrivals_) arrivals_->end();
-    work.markFinished(nullptr);
   } catch (const TransportError& error) {
-    if (arrivals_) arrivals_->end();
-    work.markFinished(failureFromTransport(work.context(), error), workResultOf(error));
+    failure = failureFromTransport(work.context(), error);
+    outcome = workResultOf(error);
   } catch (...) {
-    if (arrivals_) arrivals_->end();
-    work.markFinished(std::current_exception());
+    failure = std::current_exception();
   }
+  if (arrivals_) arrivals_->end();
+  work.markFinished(failure, outcome);
 }
 
 std::string DdpliteBackend::arrivalsNote(uint64_t seq) {

@@ -4,7 +4,6 @@
 #include "cpu/shm/futex_wait.hpp"
 
 #include <poll.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -108,7 +107,8 @@ ShmChannels::ShmChannels(std::unique_ptr<ShmSegment> segment, Transport& livenes
       // all of them (2 P (P-1)) have a CPU each, else a spinner takes the core a copier needs
       // (measured: 2 ranks on 2 CPUs, spinning made 16 MB messages 2x slower)
       spin_(2 * size * (size - 1) <= usableCpus() ? kSpin : std::chrono::microseconds(0)),
-      pidfds_(static_cast<size_t>(size), -1) {}
+      pidfds_(static_cast<size_t>(size), -1),
+      nextSendCheck_(static_cast<size_t>(size)) {}
 
 ShmChannels::~ShmChannels() {
   abort();
@@ -214,8 +214,14 @@ void ShmChannels::waitFor(int peer, Side side, Deadline deadline) {
 void ShmChannels::send(int peer, const void* data, size_t bytes, Deadline deadline) {
   const char* from = static_cast<const char*>(data);
   // Checked before every message, not only when the ring is full: a message that fits would
-  // otherwise be "sent" to a peer that is already dead.
-  if (peerGone(peer)) throwPeerGone(peer, "receive");
+  // otherwise be "sent" to a peer that is already dead. The `closed` flag every time; the
+  // process (a poll system call) at most every kLivenessInterval per peer.
+  if (state(peer).closed.load(std::memory_order_seq_cst) != 0) throwPeerGone(peer, "receive");
+  Clock::time_point& nextCheck = nextSendCheck_[static_cast<size_t>(peer)];
+  if (const auto now = Clock::now(); now >= nextCheck) {
+    nextCheck = now + kLivenessInterval;
+    if (peerGone(peer)) throwPeerGone(peer, "receive");
+  }
   while (bytes > 0) {
     const size_t n = pushSome(peer, from, bytes);
     from += n;

@@ -27,7 +27,7 @@
 // word it could wait on is bumped and woken) and, every 100 ms, whether its process still exists
 // (a pidfd; where the peer's pid cannot be watched, another PID namespace or no pidfd_open, its
 // socket in the group's TCP mesh, which the kernel closes when the process exits). A send checks
-// the same before every message. A receiver drains what a dead peer sent before
+// the closed flag before every message, and the process at most every 100 ms. A receiver drains what a dead peer sent before
 // it reports the peer gone, as a TCP receiver reads up to the end of the stream.
 //
 // Threading: send/recv on one ring from its one thread at a time (the P2pEngine's contract);
@@ -100,6 +100,7 @@ class ShmChannels : public Transport {
   const std::chrono::microseconds spin_;
   std::atomic<bool> aborted_{false};
   std::vector<int> pidfds_;  // per peer, -1 where its pid cannot be watched (liveness_ then); set up once
+  std::vector<Clock::time_point> nextSendCheck_;  // per peer: that peer's sender thread only
 };
 
 }  // namespace ddplite::cpu

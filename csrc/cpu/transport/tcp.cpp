@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 namespace ddplite {
@@ -36,7 +37,6 @@ constexpr uint32_t kAckMagic = 0xdd911e04;
 // holds up nothing but its slot.
 constexpr auto kHandshakeLimit = std::chrono::seconds(10);
 constexpr size_t kMaxPendingHandshakes = 64;
-constexpr const char* kStillPending = "(handshake under way)";
 
 struct Challenge {
   uint32_t magic;
@@ -438,12 +438,12 @@ void TcpTransport::acceptHigherRanks(const MeshSetup& setup, int listener, TcpTr
     for (size_t i = entries.size() - 1; i >= 1; --i) {
       PendingHandshake& connection = pending[i - 1];
       if (entries[i].revents == 0 && Clock::now() < connection.until) continue;
-      std::string refusal;
-      if (!advanceHandshake(setup, connection, transport, &refusal)) continue;
-      if (refusal.empty()) {
+      const std::optional<std::string> refusal = advanceHandshake(setup, connection, transport);
+      if (!refusal) continue;  // still under way
+      if (refusal->empty()) {
         ++accepted;
       } else {
-        warnDropped(setup, connection.from, refusal);
+        warnDropped(setup, connection.from, *refusal);
       }
       pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i - 1));
     }
@@ -502,17 +502,11 @@ void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener
   }
 }
 
-// Reads what has arrived of the connection's Hello. False while the handshake is still under
-// way; true once it is decided: *refusal empty when the connection is a peer (recorded in
-// transport.fds_, acknowledged), else why it is refused.
-bool TcpTransport::advanceHandshake(const MeshSetup& setup, PendingHandshake& connection, TcpTransport& transport,
-                                    std::string* refusal) {
-  *refusal = handshakeRefusal(setup, connection, transport);
-  return *refusal != kStillPending;
-}
-
-std::string TcpTransport::handshakeRefusal(const MeshSetup& setup, PendingHandshake& connection,
-                                           TcpTransport& transport) {
+// Reads what has arrived of the connection's Hello. Nothing while the handshake is still under
+// way; once it is decided, "" when the connection is a peer (recorded in transport.fds_,
+// acknowledged), else why it is refused.
+std::optional<std::string> TcpTransport::advanceHandshake(const MeshSetup& setup, PendingHandshake& connection,
+                                                          TcpTransport& transport) {
   char* into = reinterpret_cast<char*>(&connection.hello) + connection.received;
   const ssize_t n = ::recv(connection.fd.get(), into, sizeof(Hello) - connection.received, 0);
   if (n == 0) return "it closed the connection before completing the handshake";
@@ -521,7 +515,7 @@ std::string TcpTransport::handshakeRefusal(const MeshSetup& setup, PendingHandsh
   }
   if (n > 0) connection.received += static_cast<size_t>(n);
   if (connection.received < sizeof(Hello)) {
-    if (Clock::now() < connection.until) return kStillPending;
+    if (Clock::now() < connection.until) return std::nullopt;
     return strCat("it sent ", connection.received, " of the ", sizeof(Hello), " handshake bytes within ",
                   std::chrono::duration_cast<std::chrono::seconds>(kHandshakeLimit).count(), " s");
   }

@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,9 +74,8 @@ class TcpTransport final : public Transport {
   static void acceptHigherRanks(const MeshSetup& setup, int listener, TcpTransport& transport);
   static void acceptWaitingConnections(const MeshSetup& setup, int listener, size_t stillExpected,
                                        std::vector<PendingHandshake>& pending);
-  static bool advanceHandshake(const MeshSetup& setup, PendingHandshake& connection, TcpTransport& transport,
-                               std::string* refusal);
-  static std::string handshakeRefusal(const MeshSetup& setup, PendingHandshake& connection, TcpTransport& transport);
+  static std::optional<std::string> advanceHandshake(const MeshSetup& setup, PendingHandshake& connection,
+                                                     TcpTransport& transport);
   static void warnDropped(const MeshSetup& setup, const std::string& from, const std::string& why);
   [[noreturn]] static void throwMissingHigherRanks(const MeshSetup& setup, const TcpTransport& transport);
 
