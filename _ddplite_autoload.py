@@ -14,10 +14,20 @@ import warnings
 BACKEND_NAME = "ddplite"
 
 
-def _create_backend(store, group_rank, group_size, timeout):
+def _create_backend(dist_backend_opts, backend_options=None):
+    """torch's extended backend API: the options carry the group's name and global ranks, which
+    the flight recorder's dumps need (torch's analyzer matches ranks across groups by them)."""
     from torch_ddp_lite import _load_extension
 
-    return _load_extension().create_backend(store, group_rank, group_size, timeout)
+    opts = dist_backend_opts
+    return _load_extension().create_backend(
+        opts.store,
+        opts.group_rank,
+        opts.group_size,
+        opts.timeout,
+        list(opts.global_ranks_in_group or []),
+        str(opts.group_id or ""),
+    )
 
 
 def _mpi_rendezvous(url, **kwargs):
@@ -60,7 +70,7 @@ def register_backend():
     _register_rendezvous_handlers()
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return True
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
     return True
 
 

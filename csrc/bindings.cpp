@@ -66,8 +66,26 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-ddp-lite: the ddplite torch.distributed backend (C++ core)";
 
   m.def("create_backend", &ddplite::createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
-        py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
-        "Creates the ddplite Backend for one process group; connects every pair of ranks.");
+        py::arg("timeout"), py::arg("global_ranks") = std::vector<int>{}, py::arg("group_name") = "",
+        py::call_guard<py::gil_scoped_release>(),
+        "Creates the ddplite Backend for one process group; connects every pair of ranks. global_ranks and "
+        "group_name (torch's) name the group in flight-recorder dumps.");
+  m.def(
+      "flight_recorder_pickle",
+      [] {
+        std::vector<char> bytes;
+        {
+          py::gil_scoped_release release;
+          bytes = ddplite::flightRecorderPickle();
+        }
+        return py::bytes(bytes.data(), bytes.size());
+      },
+      "This process's flight-recorder dump (torch's format) as pickle bytes.");
+  m.def(
+      "dump_flight_recorder",
+      [](const std::string& path) { return ddplite::dumpFlightRecorder(path); }, py::arg("path") = "",
+      py::call_guard<py::gil_scoped_release>(),
+      "Writes the flight-recorder dump; returns its path, or None when nothing records.");
 
   m.def("built_torch_version", [] { return std::string(DDPLITE_TORCH_VERSION); },
         "The torch version this extension was compiled against.");

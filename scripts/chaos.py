@@ -29,9 +29,11 @@ def main():
         clean = sum(1 for outcome in runs if not outcome.problems)
         times = sorted(t for outcome in runs for t in outcome.detection_s)
         detection = f"worst {times[-1]:.2f} s, median {times[len(times) // 2]:.2f} s" if times else "none measured"
+        survivors = sum(o.world_size - 1 for o in runs)
+        dumps = sum(o.dumps for o in runs)
         print(f"SIG{kind.upper()}: {clean}/{len(runs)} runs clean (world sizes "
               f"{sorted({o.world_size for o in runs})}, group timeout {timeout:.0f} s); survivors' detection "
-              f"after the signal: {detection}", flush=True)
+              f"after the signal: {detection}; flight-recorder dumps: {dumps}/{survivors} survivors", flush=True)
         for outcome in runs:
             for problem in outcome.problems:
                 print(f"  {kind} ws={outcome.world_size} victim={outcome.victim}: {problem}")

@@ -1,7 +1,8 @@
-"""The latency cost of the wire fingerprint (docs/reliability.md), measured the only way a noisy
-2-core machine allows: many short blocks of back-to-back all_reduce calls, alternating between
-ddplite groups with the check (the default) and without it (DDPLITE_FINGERPRINT=0), in one run,
-on the same ranks and buffers. Each adjacent pair of blocks gives one ratio; the median of those
+"""The latency cost of an always-on safety feature (docs/reliability.md): the wire fingerprint
+(--feature fingerprint, off with DDPLITE_FINGERPRINT=0) or the flight recorder (--feature trace, off
+with DDPLITE_TRACE_BUFFER_SIZE=0), measured the only way a noisy 2-core machine allows: many short
+blocks of back-to-back all_reduce calls, alternating between ddplite groups with the feature (the
+default) and without it, in one run, on the same ranks and buffers. Each adjacent pair of blocks gives one ratio; the median of those
 ratios, with a bootstrap 95% interval, is the cost.
 
 A group's threads keep their place in the scheduler for the whole run, and that alone moves a
@@ -9,8 +10,8 @@ group's latency by a few percent (--null 1, two identical settings, shows it). S
 --groups groups, created in the order c u u c c u ..., and every block draws one of them at
 random: the placement effect averages out instead of landing on one side.
 
-    python scripts/fingerprint_cost.py [--world-size 2] [--bytes 8] [--blocks 300] [--iters 200]
-                                       [--groups 4] [--null 1] [--json FILE]
+    python scripts/fingerprint_cost.py [--feature fingerprint|trace] [--world-size 2] [--bytes 8]
+                                       [--blocks 300] [--iters 200] [--groups 4] [--null 1] [--json FILE]
 """
 
 import argparse
@@ -28,12 +29,19 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def new_group(fingerprint):
-    os.environ["DDPLITE_FINGERPRINT"] = fingerprint  # read when the group is created
+# feature: (knob, value with it, value without it); the knob is read when a group is created.
+FEATURES = {
+    "fingerprint": ("DDPLITE_FINGERPRINT", "1", "0"),
+    "trace": ("DDPLITE_TRACE_BUFFER_SIZE", "2000", "0"),
+}
+
+
+def new_group(knob, value):
+    os.environ[knob] = value
     try:
         return dist.new_group(backend="ddplite")
     finally:
-        del os.environ["DDPLITE_FINGERPRINT"]
+        del os.environ[knob]
 
 
 def timed_block(group, tensor, iters):
@@ -52,11 +60,12 @@ def rank_main(rank, args, store):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=args.world_size,
                             timeout=timedelta(seconds=120))
     # --null 1 measures two identical settings instead: the ratio the method reports for no change.
-    settings = {"checked": "1", "unchecked": "1" if args.null else "0"}
+    knob, on, off = FEATURES[args.feature]
+    settings = {"checked": on, "unchecked": on if args.null else off}
     groups = {"checked": [], "unchecked": []}
     for index in range(2 * args.groups):
         name = ("checked", "unchecked")[(index + index // 2) % 2]  # c u u c c u ...
-        groups[name].append(new_group(settings[name]))
+        groups[name].append(new_group(knob, settings[name]))
     tensor = torch.ones(max(1, args.bytes // 4))
     for group in groups["checked"] + groups["unchecked"]:  # warm-up: connections, scratch
         timed_block(group, tensor, args.iters)
@@ -77,7 +86,7 @@ def report(args, times):
     boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
     low, high = boot[50], boot[1949]
     result = {
-        "world_size": args.world_size, "bytes": args.bytes, "blocks": args.blocks, "iters_per_block": args.iters,
+        "feature": args.feature, "world_size": args.world_size, "bytes": args.bytes, "blocks": args.blocks, "iters_per_block": args.iters,
         "groups_per_side": args.groups,
         "checked_median_us": statistics.median(times["checked"]) * 1e6,
         "unchecked_median_us": statistics.median(times["unchecked"]) * 1e6,
@@ -87,8 +96,9 @@ def report(args, times):
         "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "cpus": os.cpu_count(),
     }
     print(f"all_reduce of {args.bytes} B, {args.world_size} ranks, {args.blocks} x 2 blocks of {args.iters} calls")
-    print(f"  with the fingerprint (default):  median {result['checked_median_us']:.1f} us per call")
-    print(f"  DDPLITE_FINGERPRINT=0:           median {result['unchecked_median_us']:.1f} us per call")
+    knob, _, off = FEATURES[args.feature]
+    print(f"  with the {args.feature} (default):  median {result['checked_median_us']:.1f} us per call")
+    print(f"  {knob}={off}:  median {result['unchecked_median_us']:.1f} us per call")
     print(f"  cost (paired blocks): x{result['ratio_median']:.4f}, 95% interval x{low:.4f} .. x{high:.4f}")
     if args.json:
         with open(args.json, "w") as out:
@@ -98,6 +108,7 @@ def report(args, times):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--feature", choices=sorted(FEATURES), default="fingerprint")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--bytes", type=int, default=8)
     parser.add_argument("--blocks", type=int, default=300)

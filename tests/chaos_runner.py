@@ -1,18 +1,21 @@
 """Chaos runs (issue 13): 2-4-rank DDP training on CPU through ddplite (tests/chaos_job.py), one
 rank killed with SIGKILL, or stopped with SIGSTOP, at a random moment. Every survivor must raise
 a DistBackendError naming that rank within the group's timeout + 5 s (a killed rank is noticed
-long before: its sockets close), and afterwards no process of the job and no /dev/shm segment of
-it may be left.
+long before: its sockets close) and leave a flight-recorder dump that loads, holding the op that
+failed; afterwards no process of the job and no /dev/shm segment of it may be left.
 
 Used by scripts/chaos.py (the full run, figures in docs/reliability.md) and tests/test_chaos.py
 (the quick slice in CI).
 """
 
 import os
+import pickle
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -31,18 +34,19 @@ class Outcome:
     victim: int
     problems: list = field(default_factory=list)
     detection_s: list = field(default_factory=list)  # per survivor: error time - signal time
+    dumps: int = 0  # survivors whose flight-recorder dump was checked
 
 
 def shm_segments():
     return {name for name in os.listdir("/dev/shm") if name.startswith("ddplite-")}
 
 
-def start_ranks(world_size, port, timeout_s):
+def start_ranks(world_size, port, timeout_s, trace_dir):
     ranks = []
     for rank in range(world_size):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                    WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), TORCHELASTIC_USE_AGENT_STORE="True",
-                   CHAOS_TIMEOUT_S=str(timeout_s), OMP_NUM_THREADS="1")
+                   CHAOS_TIMEOUT_S=str(timeout_s), OMP_NUM_THREADS="1", DDPLITE_TRACE_DIR=trace_dir)
         ranks.append(subprocess.Popen([sys.executable, JOB], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, env=env, cwd=REPO))
     return ranks
@@ -77,7 +81,8 @@ def one_run(kind, world_size, rng):
     victim = rng.randrange(world_size)
     outcome = Outcome(kind, world_size, victim)
     timeout_s = KILL_TIMEOUT_S if kind == "kill" else STOP_TIMEOUT_S
-    ranks = start_ranks(world_size, store.port, timeout_s)
+    trace_dir = tempfile.mkdtemp(prefix="ddplite-chaos-traces-")
+    ranks = start_ranks(world_size, store.port, timeout_s, trace_dir)
     try:
         early, training = wait_until_training(ranks, 60)
         if not training:
@@ -110,16 +115,35 @@ def one_run(kind, world_size, rng):
             if detection > timeout_s + SLACK_S:
                 outcome.problems.append(f"rank {index} raised {detection:.1f} s after the signal "
                                         f"(timeout {timeout_s:.0f} s + {SLACK_S:.0f} s)")
+            check_dump(outcome, index, trace_dir, message)
     finally:
         for rank in ranks:
             if rank.poll() is None:
                 rank.kill()
             rank.wait()
         store = None
+        shutil.rmtree(trace_dir, ignore_errors=True)
     left = shm_segments() - before
     if left:
         outcome.problems.append(f"segments left in /dev/shm: {sorted(left)}")
     return outcome
+
+
+def check_dump(outcome, rank, trace_dir, message):
+    """The survivor's flight-recorder dump: written before the error was raised, named in it, in
+    torch's format, and holding the op that failed (not completed)."""
+    path = os.path.join(trace_dir, f"ddplite_trace_rank_{rank}")
+    if not os.path.exists(path):
+        outcome.problems.append(f"rank {rank} left no flight-recorder dump")
+        return
+    if path not in message:
+        outcome.problems.append(f"rank {rank}'s error does not name its dump {path}")
+    with open(path, "rb") as dump:
+        trace = pickle.load(dump)
+    if trace.get("version") != "2.10" or not any(e["state"] != "completed" for e in trace["entries"]):
+        outcome.problems.append(f"rank {rank}'s dump holds no unfinished op: {trace.get('entries', [])[-2:]}")
+    else:
+        outcome.dumps += 1
 
 
 def run_chaos(kills, stops, seed, world_sizes=(2, 3, 4)):

@@ -179,3 +179,44 @@ def coalesced_parts_with_mixed_algorithms(rank, world_size, rounds):
             if not torch.equal(outputs[index], expected):
                 failures.append(f"round {round_} all_gather part {index}: {outputs[index][:4].tolist()}")
     return failures
+
+
+def _disagreeing_call(kind, odd):
+    """Collective #2 of detail_mismatch: the same on every rank but `odd` ones, which differ by `kind`."""
+    if kind == "op":
+        return (lambda: dist.broadcast(torch.ones(4), src=0)) if odd else (lambda: all_reduce_of(torch.ones(4)))
+    if kind == "dtype":
+        return lambda: all_reduce_of(torch.ones(4, dtype=torch.float64 if odd else torch.float32))
+    if kind == "numel":
+        return lambda: all_reduce_of(torch.ones(5 if odd else 4))
+    if kind == "shape":
+        return lambda: all_reduce_of(torch.ones((2, 2) if odd else (4,)))
+    if kind == "root":
+        return lambda: dist.broadcast(torch.ones(4), src=1 if odd else 0)
+    if kind == "reduce_op":
+        return lambda: all_reduce_of(torch.ones(4), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
+    raise ValueError(kind)
+
+
+def detail_mismatch(rank, world_size, kind):
+    """Under DDPLITE_DEBUG=DETAIL: one matching all_reduce, then the last rank differs from the
+    others by `kind` ("order": it swaps two collectives), then a matching all_reduce of 1.0s."""
+    odd = rank == world_size - 1
+    steps = {"first": outcome(lambda: all_reduce_of(torch.ones(4)))}
+    if kind == "order":
+        calls = [lambda: dist.broadcast(torch.ones(4), src=0), lambda: all_reduce_of(torch.ones(4))]
+        if odd:
+            calls.reverse()
+        steps["mismatch"] = outcome(calls[0])
+        steps["mismatch_2"] = outcome(calls[1])
+    else:
+        steps["mismatch"] = outcome(_disagreeing_call(kind, odd))
+    steps["after"] = outcome(lambda: all_reduce_of(torch.full((3,), 1.0)))
+    return steps
+
+
+def detail_two_roots(rank, world_size):
+    """Under DETAIL: each rank thinks it is the root of a reduce (no message would ever cross)."""
+    steps = {"mismatch": outcome(lambda: dist.reduce(torch.ones(4), dst=rank))}
+    steps["after"] = outcome(lambda: all_reduce_of(torch.full((3,), 1.0)))
+    return steps

@@ -46,8 +46,8 @@ def test_wait_timeout_is_honoured():
     assert outcome["value"] == 3.0 and results[1]["value"] == 3.0
 
 
-MISSING_PEER = {"tcp": "timed out waiting to receive from rank 1",
-                "auto": "timed out waiting for rank 1 (pid "}  # shared memory: "... to post its data for step 1"
+MISSING_PEER = {"tcp": "Timed out waiting to receive from rank 1",
+                "auto": "Timed out waiting for rank 1 (pid "}  # shared memory: "... to post its data for step 1"
 
 
 @pytest.mark.parametrize("transport", sorted(MISSING_PEER))

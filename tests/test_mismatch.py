@@ -126,7 +126,7 @@ def test_disagreement_where_no_message_crosses_times_out():
     results = run_ranks(mw.one_rank_differs, 2, "reduce_root", pg_timeout_s=3, timeout_s=60,
                         env={"DDPLITE_CPU_TRANSPORT": "tcp"})
     for rank, steps in enumerate(results):
-        assert_failed_cleanly(steps["first"], rank, "timed out waiting to receive from rank")
+        assert_failed_cleanly(steps["first"], rank, "Timed out waiting to receive from rank")
         assert steps["first"]["seconds"] >= 2.5
 
 

@@ -23,7 +23,7 @@ def test_p2p_errors_name_peer_and_tag():
     mismatch, missing = results[1]["size mismatch"], results[1]["no sender"]
     assert mismatch["is_dist_error"] and "24 bytes but the receiving tensor has 12" in mismatch["message"]
     assert "rank 0" in mismatch["message"] and "tag 4" in mismatch["message"]
-    assert missing["is_dist_error"] and "timed out waiting for a message from rank 0" in missing["message"]
+    assert missing["is_dist_error"] and "Timed out waiting for a message from rank 0" in missing["message"]
     assert "tag 77" in missing["message"] and "Hint:" in missing["message"]
     assert 2.5 <= missing["elapsed"] <= 15
 

@@ -106,7 +106,7 @@ def _init_only(rank, world_size):
 
 
 BAD_KNOB_VALUES = [
-    ("DDPLITE_DEBUG", "VERBOSE", "use one of: WARN (the default), INFO, TRACE"),
+    ("DDPLITE_DEBUG", "VERBOSE", "use one of: WARN (the default), INFO, TRACE, DETAIL"),
     ("DDPLITE_RING_SEGMENT_BYTES", "12", "use a whole number of bytes >= 64 (the default is 262144)"),
     ("DDPLITE_RING_SEGMENT_BYTES", "64k", "use a whole number of bytes >= 64 (the default is 262144)"),
     ("DDPLITE_TREE_CHUNK_BYTES", "-1", "use a whole number of bytes >= 64 (the default is 262144)"),
@@ -116,6 +116,10 @@ BAD_KNOB_VALUES = [
     ("DDPLITE_SHM_INLINE_BYTES", "-1", "use a whole number of bytes >= 0 and <= 1073741824 (the default is 262144)"),
     ("DDPLITE_FINGERPRINT", "yes", "use one of: 1 (the default), 0"),
     ("DDPLITE_CUDA_STAGING", "sometimes", "use one of: auto (the default), always, never"),
+    ("DDPLITE_TRACE_BUFFER_SIZE", "lots", "use a whole number of ops >= 0 and <= 1000000 (the default is 2000)"),
+    ("TORCH_FR_BUFFER_SIZE", "-5", "use a whole number of ops >= 0 and <= 1000000 (the default is 2000)"),
+    ("DDPLITE_TRACE_STACKS", "yes", "use one of: 0 (the default), 1"),
+    ("DDPLITE_TRACE_SIGNAL", "USR1", "use one of: 0 (the default), 1"),
 ]
 
 

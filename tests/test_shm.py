@@ -158,7 +158,7 @@ def test_rank_killed_mid_allreduce_is_reported_within_seconds(world_size, victim
 def test_rank_that_never_arrives_is_named_at_the_timeout():
     results = run_ranks(workers.peer_never_arrives, 2, env=SHM, pg_timeout_s=2, timeout_s=60)
     outcome = results[0]
-    assert "timed out waiting for rank 1" in outcome["message"], outcome["message"]
+    assert "Timed out waiting for rank 1" in outcome["message"], outcome["message"]
     assert "shared memory" in outcome["message"] and "ddplite rank 0/2, allreduce #1" in outcome["message"]
     assert 1.9 < outcome["elapsed"] < 4
     assert "unusable after an earlier failure" in outcome["second"]

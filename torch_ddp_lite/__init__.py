@@ -140,6 +140,25 @@ def cpu_path(group=None):
         raise ValueError(f"the group's CPU backend is {backend.name()}, not ddplite") from None
 
 
+def dump_flight_recorder(path=None):
+    """Writes this process's flight-recorder dump (every ddplite group's last ops) in the format of
+    torch's analyzer and returns its path, or None when no group records (DDPLITE_TRACE_BUFFER_SIZE=0).
+
+    ``path`` defaults to ``$DDPLITE_TRACE_DIR/ddplite_trace_rank_<global rank>`` (else the
+    ``TORCH_FR_DUMP_TEMP_FILE`` prefix, else ``/tmp/ddplite_traces/ddplite_trace_rank_``). Call it on
+    every rank, then: ``python -m torch.distributed.flight_recorder.fr_trace <dir>``.
+    """
+    return _load_extension().dump_flight_recorder("" if path is None else str(path))
+
+
+def flight_recorder_trace():
+    """This process's flight-recorder dump as a dict (``version``, ``pg_config``, ``pg_status``,
+    ``entries``), as torch's analyzer reads it."""
+    import pickle
+
+    return pickle.loads(_load_extension().flight_recorder_pickle())
+
+
 register_backend()
 _load_extension()
 
@@ -150,7 +169,9 @@ __all__ = [
     "build_info",
     "built_torch_version",
     "cpu_path",
+    "dump_flight_recorder",
     "env_knobs",
+    "flight_recorder_trace",
     "get_algorithms",
     "nccl_version",
     "register_backend",

@@ -124,6 +124,17 @@ c10d::WorkResult workResultOf(const std::exception_ptr& error) {
   }
 }
 
+// True for a failure that abort()/shutdown() caused (no flight-recorder dump for those).
+bool isAbort(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const TransportError& failure) {
+    return failure.kind() == TransportError::Kind::kAborted;
+  } catch (...) {
+    return false;
+  }
+}
+
 bool wantsMpiTransport(int rank, int size) {
   if (env::cpuTransport() != "mpi") return false;
   if (!mpi::compiledIn()) {
@@ -134,7 +145,8 @@ bool wantsMpiTransport(int rank, int size) {
 }
 
 // A send/recv failure reported by the P2P engine, as the DistBackendError wait() raises.
-std::exception_ptr p2pFailure(const OpContext& ctx, std::exception_ptr error) {
+// `dumpNote`: where the flight recorder was dumped, appended to the message ("" for none).
+std::exception_ptr p2pFailure(const OpContext& ctx, std::exception_ptr error, const std::string& dumpNote) {
   try {
     try {
       std::rethrow_exception(error);
@@ -144,9 +156,9 @@ std::exception_ptr p2pFailure(const OpContext& ctx, std::exception_ptr error) {
                                "calls send with this rank as destination and the same tag, or raise the "
                                "group's timeout"
                              : hintFor(failure.kind());
-      throwDistError(ctx, failure.what(), hint);
+      throwDistError(ctx, failure.what() + dumpNote, hint);
     } catch (const std::exception& failure) {
-      throwDistError(ctx, failure.what(), "send and recv of one message must use tensors of the same size in bytes");
+      throwDistError(ctx, failure.what() + dumpNote, "send and recv of one message must use tensors of the same size in bytes");
     }
   } catch (...) {
     return std::current_exception();
@@ -157,7 +169,7 @@ std::exception_ptr p2pFailure(const OpContext& ctx, std::exception_ptr error) {
 }  // namespace
 
 DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                               std::chrono::milliseconds timeout)
+                               std::chrono::milliseconds timeout, TraceGroupIdentity trace)
     : c10d::Backend(rank, size), rendezvous_(store), timeoutMs_(timeout.count()) {
   if (timeout.count() <= 0) {
     timeoutMs_ = std::chrono::duration_cast<std::chrono::milliseconds>(kBackendDefaultTimeout).count();
@@ -174,6 +186,16 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
                                       [this](std::chrono::milliseconds t) { return resolveTimeout(t); }});
   if (size > 1) arrivals_ = std::make_unique<ArrivalRecorder>(rendezvous_, rank, size);
+  if (trace.name.empty()) trace.name = "0";
+  if (trace.desc.empty()) trace.desc = "undefined";
+  if (static_cast<int>(trace.globalRanks.size()) != size) {
+    trace.globalRanks.resize(size);
+    for (int r = 0; r < size; ++r) trace.globalRanks[r] = r;
+  }
+  const int globalRank = trace.globalRanks[rank];
+  recorder_ = FlightRecorder::create(std::move(trace), globalRank);
+  detailChecks_ = env::detailChecks();
+  installTraceSignalHandler();
   worker_ = std::make_unique<Worker>();
   DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " ready (timeout ", timeoutMs_.load(), " ms, CPU collectives over ",
               cpuTransportName(), ", send/recv over ", p2pPath_, ", bootstrap over ", bootstrap_->name(), ")");
@@ -391,23 +413,34 @@ std::chrono::milliseconds DdpliteBackend::resolveTimeout(std::chrono::millisecon
   return requested.count() > 0 ? requested : std::chrono::milliseconds(timeoutMs_.load());
 }
 
-c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType type, std::vector<at::Tensor> outputs,
-                                                       std::chrono::milliseconds timeout, CpuBody body) {
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType type, const OpArgs& args,
+                                                       std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
+                                                       CpuBody body) {
   const bool inlineCandidate = mayRunInline(outputs);
   c10::intrusive_ptr<DdpliteWork> work;
-  uint64_t refusedSeq = 0;
-  auto task = [this, timeout](c10::intrusive_ptr<DdpliteWork> work, uint64_t refusedSeq, CpuBody body) {
-    return [this, work = std::move(work), timeout, refusedSeq, body = std::move(body)] {
-      runOp(*work, timeout, refusedSeq, body);
-    };
+  OpRun run{timeout};
+  auto task = [this](c10::intrusive_ptr<DdpliteWork> work, OpRun run, CpuBody body) {
+    return [this, work = std::move(work), run = std::move(run), body = std::move(body)] { runOp(*work, run, body); };
   };
+  if (recorder_) {
+    if (!recorderNamed_.load(std::memory_order_relaxed) && !recorderNamed_.exchange(true)) {
+      recorder_->nameGroup(getGroupUid(), getGroupDesc());
+    }
+    recorder_->captureCallerStack();  // before enqueueMutex_: it takes the GIL
+  }
   {
     std::lock_guard<std::mutex> lock(enqueueMutex_);
     ctx.seq = seq_.load() + 1;
+    if (recorder_) {
+      run.trace = recorder_->record(TraceOp{frOpName(type, ctx.op), false, ctx.seq, p2pSeq_.load(), args.inputs,
+                                            outputs, type == OpType::REDUCE_SCATTER, type == OpType::ALLGATHER,
+                                            cpuTransportName(), timeout});
+    }
+    if (detailChecks_ && size_ > 1) run.signature = signatureOf(ctx, args.compared, args.root, args.reduceOp);
     work = c10::make_intrusive<DdpliteWork>(ctx, type, std::move(outputs));
-    refusedSeq = lastRefusedSeq_ != 0 && lastRefusedSeq_ + 1 == ctx.seq ? lastRefusedSeq_ : 0;
+    run.refusedSeq = lastRefusedSeq_ != 0 && lastRefusedSeq_ + 1 == ctx.seq ? lastRefusedSeq_ : 0;
     if (!inlineCandidate || !worker_->tryClaimIdle()) {
-      worker_->enqueue(task(work, refusedSeq, std::move(body)));
+      worker_->enqueue(task(work, std::move(run), std::move(body)));
       seq_ = ctx.seq;  // only after a successful enqueue, so a refused op does not consume a number
       return work;
     }
@@ -419,9 +452,9 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
   // returned; a failure is raised by wait(), as for a queued op.
   if (shm_) shm_->markStarted(ctx.seq);
   if (!shm_ || shm_->peersStarted(ctx.seq, kInlineWait)) {
-    runOp(*work, timeout, refusedSeq, body);
+    runOp(*work, run, body);
   } else {
-    worker_->enqueueFirst(task(work, refusedSeq, std::move(body)));
+    worker_->enqueueFirst(task(work, std::move(run), std::move(body)));
   }
   worker_->releaseClaim();
   return work;
@@ -436,17 +469,21 @@ bool DdpliteBackend::mayRunInline(const std::vector<at::Tensor>& outputs) const 
   return bytes <= env::shmInlineBytes();
 }
 
-void DdpliteBackend::runOp(DdpliteWork& work, std::chrono::milliseconds timeout, uint64_t refusedSeq,
-                           const CpuBody& body) {
+void DdpliteBackend::runOp(DdpliteWork& work, const OpRun& run, const CpuBody& body) {
   if (shm_) shm_->markStarted(work.context().seq);
-  const Deadline deadline = Clock::now() + timeout;
-  if (arrivals_) arrivals_->begin(work.context().seq, deadline, timeout);
+  const Deadline deadline = Clock::now() + run.timeout;
+  if (arrivals_) arrivals_->begin(work.context().seq, deadline, run.timeout);
+  if (run.trace != 0) recorder_->started(run.trace);
+  const char* algorithm = nullptr;
   std::exception_ptr failure;
   c10d::WorkResult outcome = c10d::WorkResult::COMM_ERROR;
   try {
     throwIfBroken(work.context());
-    body(cpu::CpuContext{*transport_, scratch_, deadline, work.context(), mpiCollectives_.get(), shm_.get(),
-                         refusedSeq, kernels_, hosts_.get()});
+    const cpu::CpuContext cpu{*transport_, scratch_, deadline, work.context(), mpiCollectives_.get(), shm_.get(),
+                              run.refusedSeq, kernels_, hosts_.get(), run.trace != 0 ? &algorithm : nullptr};
+    if (run.signature) checkArgumentsAcrossRanks(cpu, *run.signature);
+    body(cpu);
+    if (run.trace != 0) recorder_->completed(run.trace, algorithm);  // a failed op stays "started"
   } catch (const TransportError& error) {
     failure = failureFromTransport(work.context(), error);
     outcome = workResultOf(error);
@@ -492,12 +529,32 @@ std::exception_ptr DdpliteBackend::failureFromTransport(const OpContext& ctx, co
     if (hosts_) hosts_->abort();
     transport_->abort();
   }
+  if (error.kind() != TransportError::Kind::kAborted) what += dumpOnFailure();  // not for abort()/shutdown()
   DDPLITE_LOG(kWarn, ctx.describe(), " failed: ", what);
   try {
     throwDistError(ctx, what, hintFor(error.kind()));
   } catch (...) {
     return std::current_exception();
   }
+}
+
+std::string DdpliteBackend::dumpOnFailure() {
+  return recorder_ ? dumpFlightRecorderOnFailure(dumpedOnFailure_) : "";
+}
+
+FlightRecorder::Handle DdpliteBackend::recordP2p(const OpContext& ctx, OpType type, const at::Tensor& tensor,
+                                                 int peer) {
+  if (!recorder_) return 0;
+  (void)peer;
+  if (!recorderNamed_.load(std::memory_order_relaxed) && !recorderNamed_.exchange(true)) {
+    recorder_->nameGroup(getGroupUid(), getGroupDesc());
+  }
+  recorder_->captureCallerStack();
+  const bool isSend = type == OpType::SEND;
+  const c10::ArrayRef<at::Tensor> one(tensor);
+  return recorder_->record(TraceOp{frOpName(type, ctx.op), true, seq_.load(), ctx.seq,
+                                   isSend ? one : c10::ArrayRef<at::Tensor>(), isSend ? c10::ArrayRef<at::Tensor>() : one,
+                                   false, false, p2pPath_, std::chrono::milliseconds(timeoutMs_.load())});
 }
 
 void DdpliteBackend::markBroken(const std::string& reason) {
@@ -546,7 +603,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::broadcast(std::vector<at::Tensor>
     validation::checkWritable(ctx, tensor, "broadcast");
     if (routesToCuda(ctx, tensor)) return cuda_->broadcast(tensors, opts);
     const int root = static_cast<int>(opts.rootRank);
-    return enqueue(ctx, OpType::BROADCAST, {tensor}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::BROADCAST, {tensor, tensor, root}, {tensor}, resolveTimeout(opts.timeout),
                    [tensor, root](const cpu::CpuContext& cpu) mutable { cpu::broadcast(cpu, tensor, root); });
   });
 }
@@ -559,7 +616,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allreduce(std::vector<at::Tensor>
     validation::checkWritable(ctx, tensor, "allreduce");
     if (routesToCuda(ctx, tensor)) return cuda_->allreduce(tensors, opts);
     const c10d::ReduceOp op = opts.reduceOp;
-    return enqueue(ctx, OpType::ALLREDUCE, {tensor}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::ALLREDUCE, {tensor, tensor, -1, op.op_}, {tensor}, resolveTimeout(opts.timeout),
                    [tensor, op](const cpu::CpuContext& cpu) mutable { cpu::allreduce(cpu, tensor, op); });
   });
 }
@@ -574,7 +631,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce(std::vector<at::Tensor>& t
     if (routesToCuda(ctx, tensor)) return cuda_->reduce(tensors, opts);
     const int root = static_cast<int>(opts.rootRank);
     const c10d::ReduceOp op = opts.reduceOp;
-    return enqueue(ctx, OpType::REDUCE, {tensor}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::REDUCE, {tensor, tensor, root, op.op_}, {tensor}, resolveTimeout(opts.timeout),
                    [tensor, root, op](const cpu::CpuContext& cpu) mutable { cpu::reduce(cpu, tensor, root, op); });
   });
 }
@@ -598,7 +655,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allgather(std::vector<std::vector
     targets.pop_back();
     validation::checkWritable(ctx, targets, "allgather output");
     if (routesToCuda(ctx, input)) return cuda_->allgather(outputs, inputs, opts);
-    return enqueue(ctx, OpType::ALLGATHER, targets, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::ALLGATHER, {input, input}, targets, resolveTimeout(opts.timeout),
                    [input, targets](const cpu::CpuContext& cpu) mutable { cpu::allgatherList(cpu, input, targets); });
   });
 }
@@ -620,7 +677,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::_allgather_base(at::Tensor& outpu
     if (routesToCuda(ctx, input)) return cuda_->_allgather_base(output, input, opts);
     at::Tensor in = input;
     at::Tensor out = output;
-    return enqueue(ctx, OpType::_ALLGATHER_BASE, {out}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::_ALLGATHER_BASE, {in, in}, {out}, resolveTimeout(opts.timeout),
                    [in, out](const cpu::CpuContext& cpu) mutable { cpu::allgatherInto(cpu, in, out); });
   });
 }
@@ -633,7 +690,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::barrier(const c10d::BarrierOption
       const auto index = opts.device_ids.empty() ? opts.device->index() : opts.device_ids.front();
       return cuda_->barrier(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)), opts);
     }
-    return enqueue(ctx, OpType::BARRIER, {}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::BARRIER, {}, {}, resolveTimeout(opts.timeout),
                    [](const cpu::CpuContext& cpu) { cpu::barrier(cpu); });
   });
 }
@@ -646,7 +703,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allreduce_coalesced(std::vector<a
     validation::checkWritable(ctx, tensors, "allreduce_coalesced");
     if (routesToCuda(ctx, tensors.front())) return cuda_->allreduce_coalesced(tensors, opts);
     const c10d::ReduceOp op = opts.reduceOp;
-    return enqueue(ctx, OpType::COALESCED, tensors, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::COALESCED, {tensors, tensors, -1, op.op_}, tensors, resolveTimeout(opts.timeout),
                    [tensors, op](const cpu::CpuContext& cpu) mutable { cpu::allreduceCoalesced(cpu, tensors, op); });
   });
 }
@@ -658,7 +715,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allgather_into_tensor_coalesced(s
     validation::checkCoalescedPairs(ctx, inputs, outputs, /*inputScale=*/size_, /*outputScale=*/1);
     validation::checkWritable(ctx, outputs, "output");
     if (routesToCuda(ctx, inputs.front())) return cuda_->allgather_into_tensor_coalesced(outputs, inputs, opts);
-    return enqueue(ctx, OpType::COALESCED, outputs, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::COALESCED, {inputs, inputs}, outputs, resolveTimeout(opts.timeout),
                    [inputs, outputs](const cpu::CpuContext& cpu) mutable {
                      for (size_t i = 0; i < inputs.size(); ++i) cpu::allgatherInto(cpu, inputs[i], outputs[i]);
                    });
@@ -684,7 +741,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce_scatter(std::vector<at::Te
     if (routesToCuda(ctx, output)) return cuda_->reduce_scatter(outputs, inputs, opts);
     const std::vector<at::Tensor> list = inputs[0];
     const c10d::ReduceOp op = opts.reduceOp;
-    return enqueue(ctx, OpType::REDUCE_SCATTER, {output}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::REDUCE_SCATTER, {list, output, -1, op.op_}, {output}, resolveTimeout(opts.timeout),
                    [list, output, op](const cpu::CpuContext& cpu) mutable { cpu::reduceScatterList(cpu, list, output, op); });
   });
 }
@@ -708,7 +765,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::_reduce_scatter_base(at::Tensor& 
     at::Tensor in = input;
     at::Tensor out = output;
     const c10d::ReduceOp op = opts.reduceOp;
-    return enqueue(ctx, OpType::_REDUCE_SCATTER_BASE, {out}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::_REDUCE_SCATTER_BASE, {in, out, -1, op.op_}, {out}, resolveTimeout(opts.timeout),
                    [in, out, op](const cpu::CpuContext& cpu) mutable { cpu::reduceScatterInto(cpu, in, out, op); });
   });
 }
@@ -722,7 +779,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce_scatter_tensor_coalesced(s
     validation::checkWritable(ctx, outputs, "output");
     if (routesToCuda(ctx, inputs.front())) return cuda_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
     const c10d::ReduceOp op = opts.reduceOp;
-    return enqueue(ctx, OpType::COALESCED, outputs, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::COALESCED, {inputs, outputs, -1, op.op_}, outputs, resolveTimeout(opts.timeout),
                    [inputs, outputs, op](const cpu::CpuContext& cpu) mutable {
                      for (size_t i = 0; i < inputs.size(); ++i) cpu::reduceScatterInto(cpu, inputs[i], outputs[i], op);
                    });
@@ -739,7 +796,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::gather(std::vector<std::vector<at
         validation::rootOnlyList(ctx, outputs, rank_ == root, input, "gather_list", "destination");
     validation::checkWritable(ctx, targets, "gather_list");
     if (routesToCuda(ctx, input)) return cuda_->gather(outputs, inputs, opts);
-    return enqueue(ctx, OpType::GATHER, targets, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::GATHER, {input, input, root}, targets, resolveTimeout(opts.timeout),
                    [input, targets, root](const cpu::CpuContext& cpu) mutable { cpu::gather(cpu, input, targets, root); });
   });
 }
@@ -755,7 +812,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::scatter(std::vector<at::Tensor>& 
         validation::rootOnlyList(ctx, inputs, rank_ == root, output, "scatter_list", "source");
     validation::checkWritable(ctx, output, "scatter output");
     if (routesToCuda(ctx, output)) return cuda_->scatter(outputs, inputs, opts);
-    return enqueue(ctx, OpType::SCATTER, {output}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::SCATTER, {sources, output, root}, {output}, resolveTimeout(opts.timeout),
                    [sources, output, root](const cpu::CpuContext& cpu) mutable { cpu::scatter(cpu, sources, output, root); });
   });
 }
@@ -782,7 +839,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::alltoall_base(at::Tensor& output,
     at::Tensor out = output;
     std::vector<int64_t> inSplits = inputSplitSizes;
     std::vector<int64_t> outSplits = outputSplitSizes;
-    return enqueue(ctx, OpType::ALLTOALL_BASE, {out}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::ALLTOALL_BASE, {in, {}}, {out}, resolveTimeout(opts.timeout),
                    [in, out, inSplits, outSplits](const cpu::CpuContext& cpu) mutable {
                      cpu::alltoallBase(cpu, in, out, inSplits, outSplits);
                    });
@@ -809,7 +866,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::alltoall(std::vector<at::Tensor>&
     validation::checkOwnBlock(ctx, inputs[rank_].nbytes(), outputs[rank_].nbytes());
     validation::checkWritable(ctx, outputs, "output");
     if (routesToCuda(ctx, inputs.front())) return cuda_->alltoall(outputs, inputs, opts);
-    return enqueue(ctx, OpType::ALLTOALL, outputs, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::ALLTOALL, {inputs, {}}, outputs, resolveTimeout(opts.timeout),
                    [inputs, outputs](const cpu::CpuContext& cpu) mutable { cpu::alltoallList(cpu, inputs, outputs); });
   });
 }
@@ -826,10 +883,10 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::send(std::vector<at::Tensor>& ten
   validation::checkPeer(ctx, dstRank, "send to");
   if (routesToCuda(ctx, tensor)) return cuda_->send(tensors, dstRank, tag, ctx);
   auto work = c10::make_intrusive<DdpliteWork>(ctx, OpType::SEND, std::vector<at::Tensor>{tensor});
+  const FlightRecorder::Handle trace = recordP2p(ctx, OpType::SEND, tensor, dstRank);
   p2p_->send(dstRank, tag, tensor.contiguous(), Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
-             [work, ctx](std::exception_ptr error, int source) {
-               work->setSourceRank(source);
-               work->markFinished(error ? p2pFailure(ctx, error) : nullptr, workResultOf(error));
+             [this, work, ctx, trace](std::exception_ptr error, int source) {
+               finishP2p(*work, ctx, trace, error, source);
              });
   return work;
 }
@@ -853,18 +910,31 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
       ctx, srcRank == cpu::P2pEngine::kAnySource ? OpType::RECVANYSOURCE : OpType::RECV, std::vector<at::Tensor>{tensor});
   // The engine fills a contiguous tensor; a strided one gets its copy on the engine thread.
   at::Tensor landing = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
+  const FlightRecorder::Handle trace = recordP2p(ctx, work->retrieveOpType(), tensor, srcRank);
   p2p_->recv(srcRank, tag, landing, Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
-             [work, ctx, tensor, landing](std::exception_ptr error, int source) mutable {
+             [this, work, ctx, tensor, landing, trace](std::exception_ptr error, int source) mutable {
                if (!error && !landing.is_same(tensor)) tensor.copy_(landing);
-               work->setSourceRank(source);
-               work->markFinished(error ? p2pFailure(ctx, error) : nullptr, workResultOf(error));
+               finishP2p(*work, ctx, trace, error, source);
              });
   return work;
 }
 
+void DdpliteBackend::finishP2p(DdpliteWork& work, const OpContext& ctx, FlightRecorder::Handle trace,
+                               std::exception_ptr error, int source) {
+  work.setSourceRank(source);
+  if (!error) {
+    if (trace != 0) recorder_->completed(trace, p2pPath_);
+    work.markFinished(nullptr, workResultOf(error));
+    return;
+  }
+  work.markFinished(p2pFailure(ctx, error, isAbort(error) ? "" : dumpOnFailure()), workResultOf(error));
+}
+
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                                std::chrono::milliseconds timeout) {
-  return c10::make_intrusive<DdpliteBackend>(store, rank, size, timeout);
+                                                std::chrono::milliseconds timeout, std::vector<int> globalRanks,
+                                                std::string groupName) {
+  TraceGroupIdentity trace{std::move(groupName), "", std::move(globalRanks)};
+  return c10::make_intrusive<DdpliteBackend>(store, rank, size, timeout, std::move(trace));
 }
 
 }  // namespace ddplite

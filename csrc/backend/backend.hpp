@@ -13,6 +13,8 @@
 #pragma once
 
 #include "backend/arrival_recorder.hpp"
+#include "backend/detail_check.hpp"
+#include "backend/flight_recorder.hpp"
 #include "backend/work.hpp"
 #include "backend/worker.hpp"
 #include "common/errors.hpp"
@@ -33,6 +35,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace ddplite {
@@ -41,8 +44,10 @@ class DdpliteBackend final : public c10d::Backend {
  public:
   static constexpr const char* kName = "ddplite";
 
-  // Collective over the group: connects every pair of ranks before returning.
-  DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout);
+  // Collective over the group: connects every pair of ranks before returning. `trace`: the
+  // group's name and global ranks for the flight recorder (empty: group "0" of ranks 0..size-1).
+  DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+                 TraceGroupIdentity trace = {});
   ~DdpliteBackend() override;
 
   const std::string getBackendName() const override { return kName; }
@@ -127,11 +132,34 @@ class DdpliteBackend final : public c10d::Backend {
   // tensors in a build without NCCL.
   bool routesToCuda(const OpContext& ctx, const at::Tensor& tensor) const;
   std::chrono::milliseconds resolveTimeout(std::chrono::milliseconds requested) const;
-  c10::intrusive_ptr<c10d::Work> enqueue(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
-                                         std::chrono::milliseconds timeout, CpuBody body);
-  // Runs a CPU op on this thread (the worker's, or the caller's when claimed). `refusedSeq`: the
-  // op just before, when this rank refused it (else 0), for cpu::CpuContext.
-  void runOp(DdpliteWork& work, std::chrono::milliseconds timeout, uint64_t refusedSeq, const CpuBody& body);
+  // What enqueue needs besides the outputs, for the flight recorder and the DETAIL check.
+  struct OpArgs {
+    c10::ArrayRef<at::Tensor> inputs;    // recorded as the op's inputs
+    c10::ArrayRef<at::Tensor> compared;  // what every rank passes alike (detail_check.hpp)
+    int root = -1;                       // rooted ops
+    int reduceOp = -1;                   // reductions: c10d::ReduceOp::RedOpType
+  };
+  // How one queued op runs (runOp), fixed when it is enqueued.
+  struct OpRun {
+    std::chrono::milliseconds timeout;
+    uint64_t refusedSeq = 0;  // the op just before, when this rank refused it (cpu::CpuContext)
+    FlightRecorder::Handle trace = 0;             // its flight-recorder entry; 0: none
+    std::optional<ArgumentSignature> signature;  // checked across ranks first (DETAIL)
+  };
+  // Queues (or runs) a validated CPU collective.
+  c10::intrusive_ptr<c10d::Work> enqueue(OpContext ctx, c10d::OpType type, const OpArgs& args,
+                                         std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
+                                         CpuBody body);
+  // Runs a CPU op on this thread (the worker's, or the caller's when claimed).
+  void runOp(DdpliteWork& work, const OpRun& run, const CpuBody& body);
+  // Records a send/recv in the flight recorder (0 when it does not run).
+  FlightRecorder::Handle recordP2p(const OpContext& ctx, c10d::OpType type, const at::Tensor& tensor, int peer);
+  // Completes a send/recv's Work and flight-recorder entry (P2P engine thread).
+  void finishP2p(DdpliteWork& work, const OpContext& ctx, FlightRecorder::Handle trace, std::exception_ptr error,
+                 int source);
+  // The first failure of this group dumps the flight recorder: ". Flight recorder dump: ..." for
+  // its error message; "" after the first, or when the recorder is off.
+  std::string dumpOnFailure();
   // How long a caller that could run a small op itself waits for its peers to start it too
   // before handing it to the worker (enqueue()).
   static constexpr std::chrono::microseconds kInlineWait{50};
@@ -154,6 +182,10 @@ class DdpliteBackend final : public c10d::Backend {
   std::unique_ptr<Transport> splitByHost(std::unique_ptr<Transport> mesh);
 
   StoreRendezvous rendezvous_;
+  // Declared early so that it outlives the P2P engine and the worker, whose completions use it.
+  std::shared_ptr<FlightRecorder> recorder_;   // null when DDPLITE_TRACE_BUFFER_SIZE=0
+  std::atomic<bool> recorderNamed_{false};     // torch's group name and desc passed on (first op)
+  std::atomic<bool> dumpedOnFailure_{false};
   std::atomic<int64_t> timeoutMs_;
   std::unique_ptr<mpi::GroupComm> mpiComm_;              // null unless one MPI job
   std::unique_ptr<mpi::GroupComm> mpiDataComm_;          // a duplicate for mpiCollectives_
@@ -182,12 +214,16 @@ class DdpliteBackend final : public c10d::Backend {
 
   std::unique_ptr<CudaPath> cuda_;        // null in builds without NCCL
   std::unique_ptr<ArrivalRecorder> arrivals_;  // which ranks reached a stalled collective; null for one rank
+  bool detailChecks_ = false;  // DDPLITE_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL; set once in the constructor
 
   std::atomic<bool> closed_{false};
   std::unique_ptr<Worker> worker_;  // last member: its thread uses everything above
 };
 
+// `globalRanks`, `groupName`: torch's (the extended backend API), for the flight recorder; empty
+// when unknown.
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                                std::chrono::milliseconds timeout);
+                                                std::chrono::milliseconds timeout, std::vector<int> globalRanks = {},
+                                                std::string groupName = "");
 
 }  // namespace ddplite

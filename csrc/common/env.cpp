@@ -29,6 +29,12 @@ constexpr const char* kShmChunkBytes = "DDPLITE_SHM_CHUNK_BYTES";
 constexpr const char* kShmInlineBytes = "DDPLITE_SHM_INLINE_BYTES";
 constexpr const char* kCpuKernels = "DDPLITE_CPU_KERNELS";
 constexpr const char* kAuth = "DDPLITE_AUTH";
+constexpr const char* kTraceBufferSize = "DDPLITE_TRACE_BUFFER_SIZE";
+constexpr const char* kTorchTraceBufferSize = "TORCH_FR_BUFFER_SIZE";
+constexpr const char* kTraceDir = "DDPLITE_TRACE_DIR";
+constexpr const char* kTorchTraceFile = "TORCH_FR_DUMP_TEMP_FILE";
+constexpr const char* kTraceStacks = "DDPLITE_TRACE_STACKS";
+constexpr const char* kTraceSignal = "DDPLITE_TRACE_SIGNAL";
 
 // Defaults and allowed values, written once: the readers and the knob table both use these.
 // For a choice knob the first entry is the default.
@@ -39,10 +45,15 @@ constexpr int64_t kDefaultShmChunkBytes = 512 << 10;
 constexpr int64_t kMinimumShmChunkBytes = 4096;
 constexpr int64_t kMaximumShmChunkBytes = int64_t{1} << 30;
 constexpr int64_t kDefaultShmInlineBytes = 256 << 10;
-const std::initializer_list<const char*> kLogLevels = {"WARN", "INFO", "TRACE"};
+constexpr int64_t kDefaultTraceBufferSize = 2000;
+constexpr int64_t kMaximumTraceBufferSize = 1000000;
+constexpr const char* kDefaultTracePrefix = "/tmp/ddplite_traces/ddplite_trace_rank_";
+// DETAIL logs as INFO and turns on the cross-rank argument check (detailChecks()).
+const std::initializer_list<const char*> kLogLevels = {"WARN", "INFO", "TRACE", "DETAIL"};
 const std::initializer_list<const char*> kTransports = {"auto", "tcp", "mpi", "shm"};
 const std::initializer_list<const char*> kStagings = {"auto", "always", "never"};
 const std::initializer_list<const char*> kSwitch = {"1", "0"};
+const std::initializer_list<const char*> kOffSwitch = {"0", "1"};
 
 const char* rawValue(const char* name) {
   const char* value = std::getenv(name);
@@ -75,8 +86,9 @@ int readChoice(const char* name, std::initializer_list<const char*> choices) {
   invalid(name, value, choicesText(choices));
 }
 
-// A whole decimal number of bytes in [minimum, maximum]; `fallback` when unset.
-int64_t readBytes(const char* name, int64_t fallback, int64_t minimum, int64_t maximum = INT64_MAX) {
+// A whole decimal number of `unit` (bytes unless said) in [minimum, maximum]; `fallback` when unset.
+int64_t readBytes(const char* name, int64_t fallback, int64_t minimum, int64_t maximum = INT64_MAX,
+                  const char* unit = "bytes") {
   const char* value = rawValue(name);
   if (value == nullptr) return fallback;
   char* end = nullptr;
@@ -84,7 +96,7 @@ int64_t readBytes(const char* name, int64_t fallback, int64_t minimum, int64_t m
   const long long parsed = std::strtoll(value, &end, 10);
   if (end == value || *end != '\0' || errno == ERANGE || parsed < minimum || parsed > maximum) {
     invalid(name, value,
-            strCat("use a whole number of bytes >= ", minimum, maximum < INT64_MAX ? strCat(" and <= ", maximum) : "",
+            strCat("use a whole number of ", unit, " >= ", minimum, maximum < INT64_MAX ? strCat(" and <= ", maximum) : "",
                    " (the default is ", fallback, ")"));
   }
   return parsed;
@@ -98,7 +110,9 @@ const std::vector<Knob>& allKnobs() {
        "Interfaces for rank-to-rank sockets, NCCL syntax: 'eth' (prefix), '=eth0' (exact), "
        "'^docker,lo' (exclude). Falls back to NCCL_SOCKET_IFNAME, then GLOO_SOCKET_IFNAME; "
        "unset: the interface that reaches MASTER_ADDR"},
-      {kDebug, *kLogLevels.begin(), "Log level on stderr: WARN, INFO or TRACE"},
+      {kDebug, *kLogLevels.begin(),
+       "Log level on stderr: WARN, INFO or TRACE; DETAIL logs as INFO and checks every collective's arguments "
+       "across ranks before it runs (as TORCH_DISTRIBUTED_DEBUG=DETAIL does): a mismatch raises on every rank"},
       {kRingSegmentBytes, std::to_string(kDefaultChunkBytes),
        strCat("Largest piece one ring step sends at once (bytes, >= ", kMinimumChunkBytes, ")")},
       {kTreeChunkBytes, std::to_string(kDefaultChunkBytes),
@@ -134,6 +148,18 @@ const std::vector<Knob>& allKnobs() {
        "an HMAC-SHA256 challenge-response keyed by a secret rank 0 shares through the store; a connection that "
        "fails it is dropped with a warning naming its address. 0 skips it (saves one round trip per "
        "connection at set-up; nothing after set-up). Same on every rank. Read when a group is created"},
+      {kTraceBufferSize, std::to_string(kDefaultTraceBufferSize),
+       "Flight recorder: ops remembered per process group (0 turns it off). Unset: TORCH_FR_BUFFER_SIZE, "
+       "else the default"},
+      {kTraceDir, "",
+       "Flight recorder: directory of the dumps (file ddplite_trace_rank_<global rank>), written when an op "
+       "fails, on torch_ddp_lite.dump_flight_recorder() and on SIGUSR1 (DDPLITE_TRACE_SIGNAL=1). Unset: the "
+       "prefix in TORCH_FR_DUMP_TEMP_FILE, else /tmp/ddplite_traces/ddplite_trace_rank_"},
+      {kTraceStacks, *kOffSwitch.begin(),
+       "Flight recorder: 1 records the caller's Python stack with every op (costs microseconds per op)"},
+      {kTraceSignal, *kOffSwitch.begin(),
+       "Flight recorder: 1 dumps on SIGUSR1 (a handler that only wakes a thread of ddplite's; replaces any "
+       "SIGUSR1 handler installed before the first group)"},
       {kCudaStaging, *kStagings.begin(),
        "CUDA tensors: 'auto' uses NCCL except on a GPU shared by two ranks (then host memory + CPU transport, "
        "with a warning); 'always' stages every CUDA op; 'never' raises instead of staging. Same on every rank"},
@@ -152,6 +178,9 @@ void validateAll() {
   readChoice(kFingerprint, kSwitch);
   readChoice(kAuth, kSwitch);
   readChoice(kCudaStaging, kStagings);
+  traceBufferSize();
+  readChoice(kTraceStacks, kOffSwitch);
+  readChoice(kTraceSignal, kOffSwitch);
 }
 
 std::string socketIfname(std::string* source) {
@@ -169,7 +198,8 @@ std::string socketIfname(std::string* source) {
 int logLevel() {
   static const int level = [] {
     try {
-      return readChoice(kDebug, kLogLevels);
+      const int index = readChoice(kDebug, kLogLevels);
+      return index == 3 ? 1 : index;  // DETAIL logs as INFO
     } catch (const std::invalid_argument&) {
       return 0;
     }
@@ -229,6 +259,37 @@ std::vector<std::pair<std::string, std::string>> groupWideSettings() {
       {kAuth, authenticateConnections() ? "1" : "0"},
       {kCudaStaging, *(kStagings.begin() + readChoice(kCudaStaging, kStagings))},
   };
+}
+
+bool detailChecks() {
+  const char* torchLevel = rawValue("TORCH_DISTRIBUTED_DEBUG");
+  if (torchLevel != nullptr && strcasecmp(torchLevel, "DETAIL") == 0) return true;
+  try {
+    return readChoice(kDebug, kLogLevels) == 3;
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
+
+int64_t traceBufferSize() {
+  if (rawValue(kTraceBufferSize) != nullptr) {
+    return readBytes(kTraceBufferSize, kDefaultTraceBufferSize, 0, kMaximumTraceBufferSize, "ops");
+  }
+  return readBytes(kTorchTraceBufferSize, kDefaultTraceBufferSize, 0, kMaximumTraceBufferSize, "ops");
+}
+
+std::string traceDumpPrefix() {
+  if (const char* dir = rawValue(kTraceDir)) return strCat(dir, "/ddplite_trace_rank_");
+  if (const char* prefix = rawValue(kTorchTraceFile)) return prefix;
+  return kDefaultTracePrefix;
+}
+
+bool traceStacks() {
+  return readChoice(kTraceStacks, kOffSwitch) == 1;
+}
+
+bool traceSignal() {
+  return readChoice(kTraceSignal, kOffSwitch) == 1;
 }
 
 bool fingerprintChecks() {

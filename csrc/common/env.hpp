@@ -37,7 +37,7 @@ std::vector<std::pair<std::string, std::string>> groupWideSettings();
 // Returns "" when none is set. `source` receives the variable that was used.
 std::string socketIfname(std::string* source = nullptr);
 
-// DDPLITE_DEBUG: WARN (default, 0), INFO (1) or TRACE (2), any case. Never throws (logging calls
+// DDPLITE_DEBUG: WARN (default, 0), INFO (1) or TRACE (2), any case; DETAIL logs as INFO (1). Never throws (logging calls
 // it from anywhere): a bad value logs at WARN until validateAll() reports it.
 int logLevel();
 
@@ -76,6 +76,22 @@ bool fingerprintChecks();
 // DDPLITE_AUTH: whether the TCP meshes authenticate every connection at set-up
 // (cpu/transport/auth.hpp). Read each time (a group reads it when it is created).
 bool authenticateConnections();
+
+// Whether collectives check their arguments across ranks before running (backend/detail_check.hpp):
+// DDPLITE_DEBUG=DETAIL or TORCH_DISTRIBUTED_DEBUG=DETAIL. Read each time (a group reads it when
+// it is created). Never throws.
+bool detailChecks();
+
+// Flight recorder (backend/flight_recorder.hpp), each read each time:
+// DDPLITE_TRACE_BUFFER_SIZE, else TORCH_FR_BUFFER_SIZE, else 2000: ops remembered per group (0: off).
+int64_t traceBufferSize();
+// Where dumps go: "<DDPLITE_TRACE_DIR>/ddplite_trace_rank_", else TORCH_FR_DUMP_TEMP_FILE, else
+// "/tmp/ddplite_traces/ddplite_trace_rank_"; the global rank is appended.
+std::string traceDumpPrefix();
+// DDPLITE_TRACE_STACKS=1: record the caller's Python stack with each op.
+bool traceStacks();
+// DDPLITE_TRACE_SIGNAL=1: dump on SIGUSR1.
+bool traceSignal();
 
 // DDPLITE_CUDA_STAGING: how CUDA tensors travel when NCCL cannot serve the group.
 //   kAuto: NCCL, except on a GPU two ranks share (then through host memory, with a warning);

@@ -116,6 +116,7 @@ ExchangeArgs exchangeArgs(const CpuContext& ctx, const char* sendData, std::vect
 // unrooted collectives.
 Fingerprint fingerprintOf(const CpuContext& ctx, WireKind kind, uint8_t algorithm, const char* algorithmName,
                           c10::ScalarType dtype, int reduceOp, int root, size_t bytes) {
+  if (ctx.algorithm != nullptr) *ctx.algorithm = algorithmName;
   Fingerprint fingerprint;
   fingerprint.seq = ctx.op.seq;
   fingerprint.kind = kind;

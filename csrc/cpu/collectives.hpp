@@ -40,6 +40,9 @@ struct CpuContext {
   // Set when the group spans hosts and some share one (cpu/shm/host_hierarchy.hpp): all_reduce
   // runs hierarchically; every other collective over `transport` (announced in the host's segment).
   HostHierarchy* hosts = nullptr;
+  // Set by the backend when the flight recorder runs: receives the name of the algorithm (or
+  // path: "shm", "mpi") of the op's last byte-level collective, a static string. Worker thread.
+  const char** algorithm = nullptr;
 };
 
 void allreduce(const CpuContext& ctx, at::Tensor& tensor, const c10d::ReduceOp& op);

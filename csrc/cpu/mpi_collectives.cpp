@@ -134,7 +134,7 @@ void complete(MPI_Request& request, Deadline deadline, const char* call, const s
     const auto now = Clock::now();
     if (now >= deadline) {
       throw TransportError(TransportError::Kind::kTimeout, -1,
-                           strCat(call, " did not complete before the deadline (MPI data path): at least one "
+                           strCat("Timed out waiting for ", call, " to complete (MPI data path): at least one "
                                         "rank of the group has not joined it"));
     }
     const auto waited = now - start;

@@ -201,7 +201,7 @@ void P2pEngine::timerLoop() {
     for (auto& posted : expired) {
       const std::string from =
           posted.peer == kAnySource ? std::string("any rank") : transport_->describePeer(posted.peer);
-      posted.done(transportError(TransportError::Kind::kTimeout, posted.peer, "timed out waiting for a message from ",
+      posted.done(transportError(TransportError::Kind::kTimeout, posted.peer, "Timed out waiting for a message from ",
                                  from, " with tag ", posted.tag),
                   posted.peer);
     }

@@ -69,8 +69,8 @@ WatchdogFailure NcclWatchdog::poll() {
         it = pending_.erase(it);
       } else if ((*it)->timedOut(now)) {
         const NcclWork& late = **it;
-        failure.what = strCat(late.context().op, " #", late.context().seq, " did not complete on ", late.device(),
-                              " within its timeout of ", late.timeout().count(),
+        failure.what = strCat("Timed out waiting for ", late.context().op, " #", late.context().seq, " to complete on ",
+                              late.device(), " within its timeout of ", late.timeout().count(),
                               " ms; the watchdog aborted the NCCL communicator");
         failure.hint = "a rank did not reach this collective in time: it may be slower, stuck, or have issued a "
                        "different collective (compare the '#seq' in each rank's error). Raise the limit with "

@@ -192,7 +192,7 @@ void ShmChannels::waitFor(int peer, Side side, Deadline deadline) {
     const auto now = Clock::now();
     if (now >= deadline) {
       throw TransportError(TransportError::Kind::kTimeout, peer,
-                           strCat("timed out waiting for ", describePeer(peer), " to ", doing,
+                           strCat("Timed out waiting for ", describePeer(peer), " to ", doing,
                                   " through shared memory"));
     }
     bool gone = state(peer).closed.load(std::memory_order_seq_cst) != 0;
@@ -259,7 +259,7 @@ void ShmChannels::sendRecv(int sendPeer, const void* sendData, size_t sendBytes,
     }
     if (Clock::now() >= deadline) {
       throw TransportError(TransportError::Kind::kTimeout, recvBytes > 0 ? recvPeer : sendPeer,
-                           "timed out in a send and receive through shared memory");
+                           "Timed out in a send and receive through shared memory");
     }
     if (sendBytes > 0 && peerGone(sendPeer)) throwPeerGone(sendPeer, "make room for a message");
     if (recvBytes > 0 && peerGone(recvPeer)) {

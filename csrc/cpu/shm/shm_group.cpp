@@ -246,7 +246,7 @@ void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline 
 
 void ShmGroup::throwTimeout(int peer, Flag which, uint32_t target) const {
   throw TransportError(TransportError::Kind::kTimeout, peer,
-                       strCat("timed out waiting for ", describePeer(peer), " to ", flagVerb(static_cast<int>(which)),
+                       strCat("Timed out waiting for ", describePeer(peer), " to ", flagVerb(static_cast<int>(which)),
                               " step ", target, " of ", current_.describe(), " (it is at step ",
                               flag(peer, Flag::kPosted).load(), "; this rank at ", step_, ")"));
 }

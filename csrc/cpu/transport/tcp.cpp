@@ -553,7 +553,7 @@ void TcpTransport::throwMissingHigherRanks(const MeshSetup& setup, const TcpTran
     if (transport.fds_[peer] < 0) missing += strCat(missing.empty() ? "" : ", ", peer);
   }
   throwDistError(strCat("rank ", setup.rank, " (listening on ", setup.myAddress, ", ", setup.why,
-                        ") timed out waiting for rank(s) ", missing, " to connect", peerReport(setup.rendezvous)),
+                        "): Timed out waiting for rank(s) ", missing, " to connect", peerReport(setup.rendezvous)),
                  "those ranks may not reach this address; " + unreachableHint());
 }
 
@@ -620,7 +620,7 @@ void TcpTransport::throwTimeout(const Progress* sending, const Progress* receivi
   };
   const Progress* stuck = remaining(receiving) > 0 ? receiving : sending;
   throw TransportError(TransportError::Kind::kTimeout, stuck->peer,
-                       strCat("timed out ", stuck == receiving ? "waiting to receive from " : "waiting to send to ",
+                       strCat("Timed out ", stuck == receiving ? "waiting to receive from " : "waiting to send to ",
                               describePeer(stuck->peer), " (", remaining(stuck), " bytes still to go)"));
 }
 
