@@ -36,7 +36,7 @@ def _bad_tensor(rng, count):
     """A tensor no collective may take: (kind, tensor)."""
     # Not meta tensors: torch's own meta kernels take every collective on them (a no-op, for
     # tracing) before any backend sees the call, gloo's as ddplite's.
-    kind = rng.choice(["sparse", "quantized", "overlapping", "huge_overlapping", "int16", "complex_noncontig"])
+    kind = rng.choice(["sparse", "quantized", "overlapping", "huge_overlapping", "float8_fnuz", "complex_noncontig"])
     if kind == "sparse":
         return kind, torch.eye(max(2, count % 17)).to_sparse()
     if kind == "quantized":
@@ -45,8 +45,8 @@ def _bad_tensor(rng, count):
         return kind, torch.ones(1).expand(count + 1)
     if kind == "huge_overlapping":
         return kind, torch.ones(1).expand(2**31 + rng.randint(0, 9))
-    if kind == "int16":
-        return kind, torch.ones(count, dtype=torch.int16)
+    if kind == "float8_fnuz":
+        return kind, torch.ones(count, dtype=torch.float8_e4m3fnuz)  # unsupported dtype
     return kind, torch.ones(count, 2, dtype=torch.complex64)[:, 0].expand(2, count)  # overlapping complex
 
 

@@ -17,7 +17,8 @@ import traceback
 from datetime import timedelta
 
 _PRELOAD = ["torch", "torch.distributed", "torch_ddp_lite", "workers", "sweeps", "groups_p2p", "companions",
-            "mismatch_workers", "shm_workers", "fuzz_workers", "soak_workers", "trace_workers"]
+            "mismatch_workers", "shm_workers", "fuzz_workers", "soak_workers", "trace_workers",
+            "parity_workers"]
 _context = None
 
 

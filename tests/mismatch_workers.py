@@ -128,7 +128,7 @@ def _alltoall_splits(rank, world_size, odd):
 def refused_everywhere(rank, world_size):
     """A call every rank refuses (ValueError) leaves the group in step and usable."""
     steps = {
-        "int16": outcome(lambda: all_reduce_of(torch.ones(3, dtype=torch.int16))),
+        "unsupported_dtype": outcome(lambda: all_reduce_of(torch.ones(3, dtype=torch.float8_e4m3fnuz))),
         "expanded": outcome(lambda: all_reduce_of(torch.ones(1).expand(2 ** 31))),
         "expanded_gather": outcome(
             lambda: _all_gather_into(torch.ones(1).expand(2 * world_size), torch.ones(2))),

@@ -2,7 +2,8 @@
 
 Every rank writes its result to OUT/rank<R>.pt (torch.save), which the test compares.
   sweeps  mpi:// rendezvous; the set-up broadcast; every quick collective sweep (sweeps.py:
-          closed form and gloo on identical inputs) on the transport DDPLITE_CPU_TRANSPORT picks
+          closed form and gloo on identical inputs) on the transport DDPLITE_CPU_TRANSPORT picks,
+          then again on the dtypes gloo refuses (closed form only)
   ddp     DDP through ddplite over mpi://, then again through gloo over mpi:// (the oracle)
   env     init_process_group("ddplite") with env:// and no MASTER_ADDR/RANK: found through MPI
   groups  overlapping subgroups and new_subgroups with async ops in flight (groups_p2p.py)
@@ -45,6 +46,7 @@ def run_sweeps(rank, size):
     result = {"rank": dist.get_rank(), "size": dist.get_world_size(), **group_facts(), "sweeps": {}}
     for name, sweep in sweeps.SWEEPS.items():
         result["sweeps"][name] = sweep(rank, size, sweeps.QUICK_COUNTS)
+    result["extra dtypes"] = sweeps.sweep_extra_dtypes(rank, size, sweeps.QUICK_COUNTS)
     return result
 
 

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 import torch_ddp_lite
-from workers import BITWISE_OPS, DTYPES, REDUCE_OPS, ReduceOp, Sweep, gloo_refuses, make_input, op_name, supported
+from workers import (BITWISE_OPS, DTYPES, FLOAT8_DTYPES, GLOO_REFUSED_DTYPES, REDUCE_OPS, WIDER_INTEGER_DTYPES,
+                     ReduceOp, Sweep, gloo_refuses, make_input, op_name, supported)
 
 QUICK_COUNTS = [0, 1, 3, 1000]
 LARGE_COUNTS = [2 ** 20 + 1]
@@ -37,7 +38,7 @@ def reduce_cases(dtypes=None, counts=()):
         for op in ops:
             if supported(dtype, op):
                 yield dtype, op
-        if dtype.is_floating_point:
+        if dtype.is_floating_point and dtype not in FLOAT8_DTYPES:
             yield dtype, PREMUL
 
 
@@ -214,7 +215,7 @@ def sweep_broadcast(rank, world_size, counts, dtypes=None):
                     tensor = make_input(rank, count, dtype)
                     dist.broadcast(tensor, src=root, group=sweep.gloo)
                     return tensor
-                reference = sweep.reference(run_gloo)
+                reference = sweep.reference(run_gloo, refused=dtype in GLOO_REFUSED_DTYPES)
                 for algorithm in each_algorithm("broadcast"):
                     tensor = make_input(rank, count, dtype)
                     dist.broadcast(tensor, src=root)
@@ -234,7 +235,7 @@ def sweep_allgather(rank, world_size, counts, dtypes=None):
                 output = torch.zeros(world_size * count, dtype=dtype)
                 dist.all_gather_into_tensor(output, mine, group=sweep.gloo)
                 return output
-            reference = sweep.reference(run_gloo)
+            reference = sweep.reference(run_gloo, refused=dtype in GLOO_REFUSED_DTYPES)
             for algorithm in each_algorithm("allgather"):
                 label = f"allgather[{algorithm}] {dtype} n={count}"
                 outputs = [torch.zeros(count, dtype=dtype) for _ in range(world_size)]
@@ -265,7 +266,8 @@ def sweep_gather_scatter(rank, world_size, counts, dtypes=None):
                 gathered = [torch.zeros(count, dtype=dtype) for _ in range(world_size)] if rank == root else None
                 dist.gather(mine, gathered, dst=root)
                 reference = [torch.zeros(count, dtype=dtype) for _ in range(world_size)] if rank == root else None
-                gloo_ok = sweep.reference(lambda: dist.gather(mine, reference, dst=root, group=sweep.gloo) or True)
+                gloo_ok = sweep.reference(lambda: dist.gather(mine, reference, dst=root, group=sweep.gloo) or True,
+                                          refused=dtype in GLOO_REFUSED_DTYPES)
                 if rank == root:
                     expected = torch.cat([make_input(r, count, dtype) for r in range(world_size)])
                     check_all(sweep, "gather " + label, torch.cat(gathered), expected,
@@ -275,7 +277,8 @@ def sweep_gather_scatter(rank, world_size, counts, dtypes=None):
                 dist.scatter(received, pieces if rank == root else None, src=root)
                 oracle = torch.zeros(count, dtype=dtype)
                 gloo_ok = sweep.reference(
-                    lambda: dist.scatter(oracle, pieces if rank == root else None, src=root, group=sweep.gloo) or True)
+                    lambda: dist.scatter(oracle, pieces if rank == root else None, src=root, group=sweep.gloo) or True,
+                    refused=dtype in GLOO_REFUSED_DTYPES)
                 check_all(sweep, "scatter " + label, received, make_input(root * world_size + rank, count, dtype),
                           oracle if gloo_ok else None)
     return sweep.result()
@@ -297,7 +300,8 @@ def sweep_alltoall(rank, world_size, counts, dtypes=None):
             output = torch.zeros(world_size * count, dtype=dtype)
             dist.all_to_all_single(output, source)
             oracle = torch.zeros(world_size * count, dtype=dtype)
-            gloo_ok = sweep.reference(lambda: dist.all_to_all_single(oracle, source, group=sweep.gloo) or True)
+            gloo_ok = sweep.reference(lambda: dist.all_to_all_single(oracle, source, group=sweep.gloo) or True,
+                                      refused=dtype in GLOO_REFUSED_DTYPES)
             check_all(sweep, "all_to_all_single equal " + label, output, expected, oracle if gloo_ok else None)
             sweep.check("all_to_all_single input unchanged " + label, source,
                         torch.cat([make_input(rank * world_size + j, count, dtype) for j in range(world_size)]))
@@ -310,7 +314,8 @@ def sweep_alltoall(rank, world_size, counts, dtypes=None):
             dist.all_to_all_single(output, torch.cat(pieces), recv_rows, send_rows)
             oracle = torch.zeros(sum(recv_rows), dtype=dtype)
             gloo_ok = sweep.reference(
-                lambda: dist.all_to_all_single(oracle, torch.cat(pieces), recv_rows, send_rows, group=sweep.gloo) or True)
+                lambda: dist.all_to_all_single(oracle, torch.cat(pieces), recv_rows, send_rows, group=sweep.gloo) or True,
+                refused=dtype in GLOO_REFUSED_DTYPES)
             check_all(sweep, "all_to_all_single uneven " + label, output, torch.cat(wanted), oracle if gloo_ok else None)
             outputs = [torch.zeros(n, dtype=dtype) for n in recv_rows]
             dist.all_to_all(outputs, pieces)
@@ -328,3 +333,18 @@ SWEEPS = {
     "gather_scatter": sweep_gather_scatter,
     "alltoall": sweep_alltoall,
 }
+
+
+REDUCING = ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter")
+
+
+def extra_dtypes(collective):
+    """The dtypes gloo refuses that ddplite serves: the wider integers everywhere, float8 where
+    nothing is reduced."""
+    return WIDER_INTEGER_DTYPES + ([] if collective in REDUCING else FLOAT8_DTYPES)
+
+
+def sweep_extra_dtypes(rank, world_size, counts):
+    """Every sweep on extra_dtypes(): {collective: its result}, against the closed form (gloo must
+    refuse each of these cases, which Sweep.reference checks)."""
+    return {name: sweep(rank, world_size, counts, extra_dtypes(name)) for name, sweep in SWEEPS.items()}

@@ -13,7 +13,10 @@ EXT = torch_ddp_lite._load_extension()
 ACTIVE, RUNNABLE = EXT.kernel_sets()
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-INTEGERS = [torch.int8, torch.uint8, torch.int32, torch.int64]
+INTEGERS = [torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64, torch.uint64]
+# torch has no add or compare for uint16/32/64: the reference folds their bits as the signed
+# type of the same width (the same bits for +, *, &, |, ^) and compares with the sign bit flipped.
+SIGNED_TWIN = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 OPS = {dtype: ["SUM", "AVG", "PRODUCT", "MIN", "MAX"] + (["PREMUL_SUM"] if dtype.is_floating_point
                                                           else ["BAND", "BOR", "BXOR"])
        for dtype in FLOATS + INTEGERS}
@@ -42,8 +45,10 @@ def sources_for(dtype, count, n, seed):
                 values[8] = info.max if k == 0 else values[8]  # overflows when summed
             out.append(values.to(dtype))
         else:
-            info = torch.iinfo(dtype)
-            out.append(torch.randint(info.min, info.max, (count,), generator=generator, dtype=torch.int64).to(dtype))
+            twin = SIGNED_TWIN.get(dtype, dtype)
+            info = torch.iinfo(twin)
+            values = torch.randint(info.min, info.max, (count,), generator=generator, dtype=torch.int64).to(twin)
+            out.append(values.view(dtype))
     return out
 
 
@@ -51,6 +56,8 @@ def torch_fold(op, sources):
     """The left fold in torch: ((s0 op s1) op s2) ..., half types in float32 and rounded once.
     MIN/MAX keep gloo's choice on NaN: MIN(a, b) = b < a ? b : a, MAX(a, b) = a < b ? b : a."""
     dtype = sources[0].dtype
+    if dtype in SIGNED_TWIN:
+        return unsigned_fold(op, sources, SIGNED_TWIN[dtype]).view(dtype)
     widen = dtype in (torch.float16, torch.bfloat16)
     values = [s.float() if widen else s for s in sources]
     acc = values[0].clone()
@@ -69,6 +76,21 @@ def torch_fold(op, sources):
         else:
             acc = {"BAND": acc & s, "BOR": acc | s, "BXOR": acc ^ s}[op]
     return acc.to(dtype) if widen else acc
+
+
+def unsigned_fold(op, sources, twin):
+    """torch_fold of unsigned sources, on their bits viewed as the signed `twin`."""
+    flip = torch.iinfo(twin).min  # the sign bit: x ^ flip orders unsigned values as signed ones
+    values = [s.view(twin) for s in sources]
+    acc = values[0].clone()
+    for s in values[1:]:
+        if op in ("MIN", "MAX"):
+            below = (s ^ flip) < (acc ^ flip) if op == "MIN" else (acc ^ flip) < (s ^ flip)
+            acc = torch.where(below, s, acc)
+        else:
+            acc = {"SUM": acc + s, "AVG": acc + s, "PRODUCT": acc * s, "BAND": acc & s, "BOR": acc | s,
+                   "BXOR": acc ^ s}[op]
+    return acc
 
 
 def same_values(actual, expected):
@@ -134,6 +156,8 @@ def test_unknown_or_unrunnable_set_is_refused():
         EXT.reduce_with_kernels("sse9", "SUM", [torch.ones(3)])
     with pytest.raises(ValueError, match="ReduceOp.BAND is not defined for Float tensors"):
         EXT.reduce_with_kernels("generic", "BAND", [torch.ones(3)])
+    with pytest.raises(ValueError, match=r"Float8_e5m2 tensors can be moved \(.*\) but not reduced on CPU"):
+        EXT.reduce_with_kernels("generic", "SUM", [torch.ones(3, dtype=torch.float8_e5m2)])
 
 
 @pytest.mark.parametrize("kernel_set", RUNNABLE)

@@ -193,7 +193,7 @@ def test_calls_refused_everywhere_keep_the_group_usable(world_size):
     results = run_ranks(mw.refused_everywhere, world_size, pg_timeout_s=PG_TIMEOUT_S)
     total = float(sum(range(1, world_size + 1)))
     for rank, steps in enumerate(results):
-        assert steps["int16"]["error"] == "ValueError"
+        assert steps["unsupported_dtype"]["error"] == "ValueError"
         assert steps["expanded"]["error"] == "ValueError"
         assert "share memory" in steps["expanded"]["message"]
         assert steps["expanded"]["seconds"] < 1.0

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import torch_ddp_lite
+import sweeps
 import workers
 from harness import RankFailed, mpirun_environment, run_ranks
 
@@ -56,6 +57,9 @@ def test_mpirun_collectives_match_closed_form_and_gloo(tmp_path, transport, rank
             assert sweep["failures"] == [], f"{name}: " + "\n".join(sweep["failures"][:10])
             assert sweep["checked"] >= len(workers.DTYPES) * 4, (name, sweep["checked"])
         assert sum(sweep["gloo_refused"] for sweep in result["sweeps"].values()) < result["sweeps"]["allreduce"]["checked"]
+        for name, sweep in result["extra dtypes"].items():  # int16, uint16/32/64, float8 (moved only)
+            assert sweep["failures"] == [], f"{name}: " + "\n".join(sweep["failures"][:10])
+            assert sweep["checked"] >= len(sweeps.extra_dtypes(name)) * 4, (name, sweep["checked"])
 
 
 @needs_mpirun
@@ -101,6 +105,7 @@ def test_rank_missing_from_a_collective_fails_within_the_timeout(tmp_path, trans
     failure = results[0]
     assert failure["raised"] == "DistBackendError", failure
     assert "ddplite rank 0/2, allreduce #2" in failure["message"] and "Hint:" in failure["message"]
+    assert "Timed out" in failure["message"], failure  # gloo's phrase, on both data paths
     assert 4.5 < failure["seconds"] < 30, failure
 
 

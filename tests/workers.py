@@ -20,14 +20,24 @@ ReduceOp = dist.ReduceOp
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
           torch.int32, torch.int64, torch.bool]
+# Reduced and moved by ddplite, refused by gloo ("Invalid scalar type"): swept against the closed
+# form only (tests/test_dtypes.py).
+WIDER_INTEGER_DTYPES = [torch.int16, torch.uint16, torch.uint32, torch.uint64]
+# Moved (broadcast, gathers, scatter, all-to-all, send/recv), never reduced, on CPU; gloo refuses them.
+FLOAT8_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2]
+GLOO_REFUSED_DTYPES = set(WIDER_INTEGER_DTYPES + FLOAT8_DTYPES)
+UNSIGNED_DTYPES = {torch.uint8, torch.uint16, torch.uint32, torch.uint64}
 BITWISE_OPS = [ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]
 REDUCE_OPS = [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX] + BITWISE_OPS
 
 # The largest |value| of a SUM/AVG/MIN/MAX input, so that a sum over up to 5 ranks is exact:
-# int8 and uint8 stay in range, float16 below 2048 and bfloat16 below 256 (their exact integers).
-_BOUND = {torch.int8: 25, torch.uint8: 51, torch.float16: 400, torch.bfloat16: 50}
+# 8- and 16-bit integers stay in range, float16 below 2048 and bfloat16 below 256 (their exact
+# integers); float8 (moved only) takes small integers, exact in e4m3fn and e5m2 alike.
+_BOUND = {torch.int8: 25, torch.uint8: 51, torch.int16: 6500, torch.uint16: 13000, torch.float16: 400,
+          torch.bfloat16: 50, torch.float8_e4m3fn: 8, torch.float8_e5m2: 8}
 _DEFAULT_BOUND = 2 ** 20
-_BITS = {torch.int8: 8, torch.uint8: 8, torch.int32: 32, torch.int64: 62}
+_BITS = {torch.int8: 8, torch.uint8: 8, torch.int16: 16, torch.uint16: 16, torch.int32: 32, torch.uint32: 32,
+         torch.int64: 62, torch.uint64: 62}
 
 
 def op_name(op):
@@ -35,7 +45,10 @@ def op_name(op):
 
 
 def supported(dtype, op):
-    """Whether ddplite (and torch) define `op` on `dtype`: no AVG on bool, bitwise on integers and bool."""
+    """Whether ddplite (and torch) define `op` on `dtype`: no AVG on bool, bitwise on integers and
+    bool, no reduction of float8 on CPU."""
+    if dtype in FLOAT8_DTYPES:
+        return False
     if op in BITWISE_OPS:
         return not dtype.is_floating_point
     return not (dtype == torch.bool and op == ReduceOp.AVG)
@@ -45,7 +58,7 @@ def gloo_refuses(dtype, op):
     """The reduction cases gloo itself raises on (probed on torch 2.11: "Cannot use
     ReduceOp.PREMUL_SUM with Gloo"; AVG on integers and bool: "result type Float can't be cast");
     everywhere else gloo must answer. `op` may be the string "PREMUL_SUM"."""
-    if op == "PREMUL_SUM":
+    if op == "PREMUL_SUM" or dtype in GLOO_REFUSED_DTYPES:
         return True
     return op == ReduceOp.AVG and not dtype.is_floating_point
 
@@ -63,27 +76,27 @@ def _stream(seed, count):
 def make_input(rank, count, dtype, op=ReduceOp.SUM):
     """Rank `rank`'s input for `op`: distinct per rank and element, exact in every reduction.
 
-    SUM/AVG/MIN/MAX: integers in [-bound, bound] (uint8: [0, bound]), negative ones included, so
+    SUM/AVG/MIN/MAX: integers in [-bound, bound] (unsigned: [0, bound]), negative ones included, so
     AVG on integers checks truncation toward zero. PRODUCT: factors in {-2, -1, 1, 2} ({1, 2} for
-    uint8). Bitwise ops: random bits of the dtype's width. bool: a random third of them True.
+    unsigned). Bitwise ops: random bits of the dtype's width. bool: a random third of them True.
     """
     seed = rank * 7919 + (REDUCE_OPS.index(op) if op in REDUCE_OPS else 0) * 104729
     x = _stream(seed, count)
     if dtype == torch.bool:
         return x % 3 == 0
     if op == ReduceOp.PRODUCT:
-        factors = torch.tensor([1, 2] if dtype == torch.uint8 else [-2, -1, 1, 2])
+        factors = torch.tensor([1, 2] if dtype in UNSIGNED_DTYPES else [-2, -1, 1, 2])
         return factors[x % len(factors)].to(dtype)
     if op in BITWISE_OPS:
         bits = _BITS[dtype]
         values = x if bits > 31 else x % (1 << bits)
         if bits == 62:
             values = values | (_stream(seed + 1, count) << 31)  # 62 random bits
-        if dtype in (torch.int8,):
-            values = values - 128
+        if dtype in (torch.int8, torch.int16):
+            values = values - (1 << (bits - 1))
         return values.to(dtype)
     bound = _BOUND.get(dtype, _DEFAULT_BOUND)
-    if dtype == torch.uint8:
+    if dtype in UNSIGNED_DTYPES:
         return (x % (bound + 1)).to(dtype)
     return (x % (2 * bound + 1) - bound).to(dtype)
 
@@ -315,7 +328,7 @@ def invalid_inputs(rank, world_size):
         "sparse": lambda: dist.all_reduce(torch.eye(3).to_sparse()),
         "avg on bool": lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool), op=ReduceOp.AVG),
         "band on float": lambda: dist.all_reduce(torch.ones(3), op=ReduceOp.BAND),
-        "unsupported dtype": lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16)),
+        "unsupported dtype": lambda: dist.all_reduce(torch.ones(3, dtype=torch.float8_e4m3fnuz)),
         "size mismatch": lambda: dist.all_gather([torch.zeros(4)] * world_size, torch.ones(3)),
     }
     outcomes = {}
@@ -627,3 +640,50 @@ def kernel_set_and_half_sum(rank, world_size):
 
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     return torch_ddp_lite._load_extension().group_kernel_set(backend), tensor.tolist()
+
+
+def uint64_top_bit(rank, world_size):
+    """uint64 values at and above 2**63, where a signed compare or a float detour goes wrong:
+    MIN/MAX must compare unsigned, SUM must wrap modulo 2**64, AVG must divide the unsigned sum."""
+    top = 1 << 63
+    base = torch.tensor([top + rank, top - 1 - rank, (1 << 64) - 1 - rank], dtype=torch.uint64)
+    results = {}
+    for op in (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.SUM, ReduceOp.AVG, ReduceOp.BXOR):
+        tensor = base.clone()
+        dist.all_reduce(tensor, op=op)
+        results[op_name(op)] = [int(v) for v in tensor.tolist()]
+    return results
+
+
+def float8_reductions_refused(rank, world_size):
+    """Every reduction of a float8 tensor on CPU is refused on the caller's thread; the group then
+    still moves float8 and reduces float32 correctly."""
+    outcomes = {}
+    x = torch.ones(4, dtype=torch.float8_e4m3fn)
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(x.clone()),
+        "reduce": lambda: dist.reduce(x.clone(), dst=0),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
+            torch.empty(4, dtype=x.dtype), torch.ones(4 * world_size, dtype=x.dtype)),
+        "all_reduce_coalesced": lambda: dist.all_reduce_coalesced([x.clone(), x.clone()]),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+            outcomes[name] = None
+        except Exception as error:  # noqa: BLE001 - the type is what the test checks
+            outcomes[name] = (type(error).__name__, str(error))
+    moved = torch.full((3,), float(rank + 1)).to(torch.float8_e5m2)
+    dist.broadcast(moved, src=world_size - 1)
+    total = torch.full((2,), float(rank + 1))
+    dist.all_reduce(total)
+    return {"refused": outcomes, "broadcast": moved.float().tolist(), "sum": total.tolist()}
+
+
+def refused_dtype(rank, world_size, dtype):
+    """(error type, message) of an all_reduce on a dtype ddplite does not serve."""
+    try:
+        dist.broadcast(torch.zeros(3, dtype=dtype), src=0)
+    except Exception as error:  # noqa: BLE001 - the type is what the test checks
+        return type(error).__name__, str(error)
+    return None

@@ -159,6 +159,31 @@ def flight_recorder_trace():
     return pickle.loads(_load_extension().flight_recorder_pickle())
 
 
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """``torch.distributed.monitored_barrier`` for ddplite groups (torch's own refuses every backend
+    but gloo before asking it). Same arguments and semantics as gloo's: rank 0 waits up to
+    ``timeout`` (a timedelta or seconds; default: the group's timeout) for every other rank and
+    raises naming the first one that did not arrive (every one with ``wait_all_ranks=True``):
+    ``"[Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms"``; the ranks that did arrive
+    raise as soon as rank 0 has decided. Errors are ``DistBackendError`` (a ``RuntimeError``, as
+    gloo's are). Groups of another backend go to ``torch.distributed.monitored_barrier``."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if c10d._rank_not_in_group(group):
+        return None
+    if dist.get_backend(group) != BACKEND_NAME:
+        return dist.monitored_barrier(group, timeout, wait_all_ranks)
+    group = c10d._get_default_group() if group is None else group
+    if timeout is None:
+        return group.monitored_barrier(wait_all_ranks=wait_all_ranks)
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=timeout)
+    return group.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
 register_backend()
 _load_extension()
 
@@ -173,6 +198,7 @@ __all__ = [
     "env_knobs",
     "flight_recorder_trace",
     "get_algorithms",
+    "monitored_barrier",
     "nccl_version",
     "register_backend",
     "set_algorithm",

@@ -381,7 +381,9 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::collective(const char* op, Issue&
   const DepthGuard depth;
   const bool outermost = collectiveDepth == 1;
   try {
-    return issue(ctx);
+    c10::intrusive_ptr<c10d::Work> work = issue(ctx);
+    if (outermost) coalescing_.add(work);
+    return work;
   } catch (const c10::ValueError& error) {
     if (outermost) consumeRefusedNumber(op, strCat("ValueError: ", error.what_without_backtrace()));
     throw;
@@ -660,6 +662,59 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allgather(std::vector<std::vector
   });
 }
 
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
+                                                                   std::vector<at::Tensor>& inputs,
+                                                                   const c10d::AllgatherOptions& opts) {
+  return collective("allgather_coalesced", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    validation::checkNonEmptyList(ctx, inputs, "allgather_coalesced input");
+    for (const auto& input : inputs) {
+      if (input.scalar_type() != inputs.front().scalar_type()) {
+        throwValueError(ctx, strCat("the inputs mix ", inputs.front().scalar_type(), " and ", input.scalar_type()),
+                        "pass inputs of one dtype (torch.distributed refuses mixed dtypes here too)");
+      }
+    }
+    if (static_cast<int>(outputLists.size()) != size_) {
+      throwValueError(ctx, strCat("expected one output list per rank (", size_, "), got ", outputLists.size()),
+                      "all_gather_coalesced(output_tensor_lists, input_tensor_list) needs len(output_tensor_lists) "
+                      "== world size");
+    }
+    std::vector<at::Tensor> outputs;
+    for (int r = 0; r < size_; ++r) {
+      if (outputLists[r].size() != inputs.size()) {
+        throwValueError(ctx, strCat("output list ", r, " has ", outputLists[r].size(), " tensors for ", inputs.size(),
+                                    " inputs"),
+                        "each output list needs one tensor per input, shaped like it");
+      }
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const at::Tensor& output = outputLists[r][i];
+        validation::checkTensor(ctx, output, "allgather_coalesced output");
+        if (output.scalar_type() != inputs[i].scalar_type() || output.sizes() != inputs[i].sizes()) {
+          throwValueError(ctx,
+                          strCat("output [", r, "][", i, "] (", output.scalar_type(), ", shape ", output.sizes(),
+                                 ") must have input ", i, "'s dtype and shape (", inputs[i].scalar_type(), ", shape ",
+                                 inputs[i].sizes(), ")"),
+                          "shape each output list like the input list");
+        }
+        outputs.push_back(output);
+      }
+    }
+    std::vector<at::Tensor> all = outputs;
+    all.insert(all.end(), inputs.begin(), inputs.end());
+    validation::checkSameDevice(ctx, all);
+    validation::checkWritable(ctx, outputs, "allgather_coalesced output");
+    if (routesToCuda(ctx, inputs.front())) {
+      C10_THROW_ERROR(NotImplementedError,
+                      strCat(ctx.describe(), ": allgather_coalesced is served for CPU tensors only (NCCL's backend "
+                                             "does not serve it either)\nHint: use all_gather_into_tensor on each "
+                                             "tensor inside torch.distributed._coalescing_manager"));
+    }
+    return enqueue(ctx, OpType::ALLGATHER_COALESCED, {inputs, inputs}, outputs, resolveTimeout(opts.timeout),
+                   [inputs, outputLists](const cpu::CpuContext& cpu) mutable {
+                     cpu::allgatherCoalesced(cpu, inputs, outputLists);
+                   });
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                const c10d::AllgatherOptions& opts) {
   return collective("allgather_into_tensor", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
@@ -881,14 +936,48 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::send(std::vector<at::Tensor>& ten
   const OpContext ctx = nextP2pContext("send");
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "send");
   validation::checkPeer(ctx, dstRank, "send to");
-  if (routesToCuda(ctx, tensor)) return cuda_->send(tensors, dstRank, tag, ctx);
+  validation::checkTag(ctx, tag, kFirstUserTag);
+  if (routesToCuda(ctx, tensor)) {
+    auto work = cuda_->send(tensors, dstRank, tag, ctx);
+    coalescing_.add(work);
+    return work;
+  }
   auto work = c10::make_intrusive<DdpliteWork>(ctx, OpType::SEND, std::vector<at::Tensor>{tensor});
   const FlightRecorder::Handle trace = recordP2p(ctx, OpType::SEND, tensor, dstRank);
   p2p_->send(dstRank, tag, tensor.contiguous(), Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
              [this, work, ctx, trace](std::exception_ptr error, int source) {
                finishP2p(*work, ctx, trace, error, source);
              });
+  coalescing_.add(work);
   return work;
+}
+
+void DdpliteBackend::startCoalescing() {
+  if (!coalescing_.start()) {
+    DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": startCoalescing while a coalesced group was still open (its "
+                "_coalescing_manager body raised?): that group is dropped, its ops complete on their own");
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::endCoalescing() {
+  const OpContext ctx{rank_, size_, "coalesced", seq_.load()};
+  auto parts = coalescing_.end();
+  if (!parts) {
+    throwValueError(ctx, "endCoalescing without startCoalescing",
+                    "use torch.distributed._coalescing_manager, or call _start_coalescing first");
+  }
+  return coalescedWork(ctx, std::move(*parts));
+}
+
+void DdpliteBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  const OpContext ctx{rank_, size_, "monitored_barrier", ++monitoredBarriers_};
+  const std::chrono::milliseconds groupTimeout(timeoutMs_.load());
+  const auto timeout = opts.timeout == c10d::kUnsetTimeout ? groupTimeout : opts.timeout;
+  if (timeout.count() < 0) {
+    throwValueError(ctx, strCat("timeout ", timeout.count(), " ms is negative"), "pass a timedelta >= 0");
+  }
+  // A rank > 0 waits for rank 0 to arrive (up to the group's timeout) and then to decide.
+  ddplite::monitoredBarrier(*p2p_, MonitoredBarrierCall{ctx, timeout, waitAllRanks, groupTimeout + timeout});
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
@@ -904,8 +993,13 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
   const OpContext ctx = nextP2pContext(op);
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "recv");
   if (srcRank != cpu::P2pEngine::kAnySource) validation::checkPeer(ctx, srcRank, "receive from");
+  validation::checkTag(ctx, tag, kFirstUserTag);
   validation::checkWritable(ctx, tensor, "recv");
-  if (routesToCuda(ctx, tensor)) return cuda_->recv(tensors, srcRank, tag, ctx);
+  if (routesToCuda(ctx, tensor)) {
+    auto work = cuda_->recv(tensors, srcRank, tag, ctx);
+    coalescing_.add(work);
+    return work;
+  }
   auto work = c10::make_intrusive<DdpliteWork>(
       ctx, srcRank == cpu::P2pEngine::kAnySource ? OpType::RECVANYSOURCE : OpType::RECV, std::vector<at::Tensor>{tensor});
   // The engine fills a contiguous tensor; a strided one gets its copy on the engine thread.
@@ -916,6 +1010,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
                if (!error && !landing.is_same(tensor)) tensor.copy_(landing);
                finishP2p(*work, ctx, trace, error, source);
              });
+  coalescing_.add(work);
   return work;
 }
 

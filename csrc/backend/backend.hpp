@@ -13,8 +13,10 @@
 #pragma once
 
 #include "backend/arrival_recorder.hpp"
+#include "backend/coalescing.hpp"
 #include "backend/detail_check.hpp"
 #include "backend/flight_recorder.hpp"
+#include "backend/monitored_barrier.hpp"
 #include "backend/work.hpp"
 #include "backend/worker.hpp"
 #include "common/errors.hpp"
@@ -61,6 +63,11 @@ class DdpliteBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts) override;
+  // gloo's allgather_coalesced: outputLists[r][i] receives rank r's inputs[i]. CPU only (NCCL's
+  // backend does not serve it either).
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
@@ -93,6 +100,14 @@ class DdpliteBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  // Coalescing (backend/coalescing.hpp): the ops issued between start and end, one Work for all.
+  // endCoalescing without startCoalescing raises ValueError.
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  // gloo's monitored barrier (backend/monitored_barrier.hpp), over the send/recv mesh; CPU only.
+  // A timeout of zero is zero (rank 0 gives up at once), as in gloo; unset is the group's.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
   // abort(): fail pending and future collectives now. shutdown(): finish pending ones, then
   // close. Both idempotent; destroy_process_group() calls shutdown().
@@ -201,6 +216,8 @@ class DdpliteBackend final : public c10d::Backend {
   std::string cpuPathWhy_;  // written once in the constructor
   const char* p2pPath_ = "TCP";  // what carries send/recv: written once in the constructor
   std::atomic<uint64_t> p2pSeq_{0};
+  std::atomic<uint64_t> monitoredBarriers_{0};  // calls so far: every rank counts alike
+  CoalescingCollector coalescing_;  // the caller's thread only (see coalescing.hpp)
   cpu::Scratch scratch_;  // worker thread only
   const cpu::KernelSet* kernels_ = nullptr;  // written once in the constructor
 

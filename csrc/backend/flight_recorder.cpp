@@ -179,6 +179,7 @@ const char* frOpName(OpType type, const char* op) {
     case OpType::RECV:
     case OpType::RECVANYSOURCE: return "recv";
     case OpType::ALLREDUCE_COALESCED: return "allreduce_coalesced";
+    case OpType::ALLGATHER_COALESCED: return "ALLGATHER_coalesced";  // the analyzer's name for it
     case OpType::COALESCED:
       if (std::strcmp(op, "allgather_into_tensor_coalesced") == 0) return "all_gather_into_tensor_coalesced";
       if (std::strcmp(op, "reduce_scatter_tensor_coalesced") == 0) return "reduce_scatter_tensor_coalesced";

@@ -9,10 +9,10 @@
 namespace ddplite::validation {
 
 namespace {
-// float8 exists only on the CUDA path (NCCL >= 2.24; cuda/cuda_collectives.cpp checks the build).
-bool isCudaOnlyDtype(const at::Tensor& tensor) {
-  return tensor.device().is_cuda() &&
-         (tensor.scalar_type() == c10::kFloat8_e4m3fn || tensor.scalar_type() == c10::kFloat8_e5m2);
+// float8 reductions on CUDA tensors are the CUDA path's to judge (NCCL >= 2.24 reduces them;
+// cuda/cuda_collectives.cpp checks the build); the CPU collectives only move float8.
+bool cudaJudgesReduction(const at::Tensor& tensor) {
+  return tensor.device().is_cuda() && cpu::isFloat8(tensor.scalar_type());
 }
 }  // namespace
 
@@ -33,10 +33,10 @@ void checkTensor(const OpContext& ctx, const at::Tensor& tensor, const char* wha
     throwValueError(ctx, strCat("the ", what, " tensor is ", tensor.layout(), "; ddplite supports dense tensors only"),
                     "convert it with tensor.to_dense() (sparse gradients: use a dense embedding, or gloo)");
   }
-  if (!cpu::isSupportedDtype(tensor.scalar_type()) && !isCudaOnlyDtype(tensor)) {
+  if (!cpu::isSupportedDtype(tensor.scalar_type())) {
     throwValueError(ctx, strCat("dtype ", tensor.scalar_type(), " of the ", what, " tensor is not supported"),
-                    "supported dtypes: float32, float64, float16, bfloat16, int8, uint8, int32, int64, bool "
-                    "(and float8 e4m3fn/e5m2 on CUDA)");
+                    "supported dtypes: float32, float64, float16, bfloat16, int8, int16, int32, int64, uint8, "
+                    "uint16, uint32, uint64, bool, and float8 e4m3fn/e5m2 (moved on CPU; reduced on CUDA)");
   }
   if (!tensor.device().is_cpu() && !tensor.device().is_cuda()) {
     throwValueError(ctx, strCat("the ", what, " tensor is on ", tensor.device(), "; ddplite serves cpu and cuda"),
@@ -67,7 +67,7 @@ void checkRoot(const OpContext& ctx, int64_t root) {
 }
 
 void checkReduceOp(const OpContext& ctx, const at::Tensor& tensor, const c10d::ReduceOp& op) {
-  if (isCudaOnlyDtype(tensor)) return;  // the CUDA path checks float8 ops against NCCL
+  if (cudaJudgesReduction(tensor)) return;
   std::string problem = cpu::reduceOpProblem(tensor.scalar_type(), op.op_);
   if (!problem.empty()) {
     throwValueError(ctx, problem, "choose a ReduceOp defined for this dtype, or convert the tensor");
@@ -158,6 +158,13 @@ void checkPeer(const OpContext& ctx, int peer, const char* direction) {
     throwValueError(ctx, strCat("cannot ", direction, " rank ", peer, ": it must be another rank of this group [0, ",
                                 ctx.size, ")"),
                     "pass the peer's rank (torch.distributed translates global ranks for subgroups)");
+  }
+}
+
+void checkTag(const OpContext& ctx, int tag, int firstUserTag) {
+  if (tag < firstUserTag) {
+    throwValueError(ctx, strCat("tag ", tag, " is reserved (tags below ", firstUserTag, " are ddplite's own)"),
+                    "use a tag >= 0, as torch.distributed's own calls do");
   }
 }
 

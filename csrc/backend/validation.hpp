@@ -60,5 +60,7 @@ size_t ownSplitBytes(const OpContext& ctx, const at::Tensor& tensor, const std::
 
 // send/recv peer: a rank of this group other than this one.
 void checkPeer(const OpContext& ctx, int peer, const char* direction);
+// Tags below `firstUserTag` are the backend's own (monitored_barrier.hpp).
+void checkTag(const OpContext& ctx, int tag, int firstUserTag);
 
 }  // namespace ddplite::validation

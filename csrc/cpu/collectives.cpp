@@ -34,7 +34,23 @@ AlgorithmArgs argsFor(const CpuContext& ctx, const at::Tensor& dense) {
                        static_cast<size_t>(dense.element_size())};
 }
 
+// torch has no division for uint16/32/64 (div_trunc_cpu is not implemented for them).
+template <typename T>
+void divideUnsigned(at::Tensor& tensor, int worldSize) {
+  at::Tensor dense = tensor.contiguous();
+  T* values = dense.data_ptr<T>();
+  const T divisor = static_cast<T>(worldSize);
+  for (int64_t i = 0, n = dense.numel(); i < n; ++i) values[i] /= divisor;
+  if (!dense.is_same(tensor)) tensor.copy_(dense);
+}
+
 void divideForAverage(at::Tensor& tensor, int worldSize) {
+  switch (tensor.scalar_type()) {
+    case c10::kUInt16: return divideUnsigned<uint16_t>(tensor, worldSize);
+    case c10::kUInt32: return divideUnsigned<uint32_t>(tensor, worldSize);
+    case c10::kUInt64: return divideUnsigned<uint64_t>(tensor, worldSize);
+    default: break;
+  }
   if (at::isFloatingType(tensor.scalar_type())) {
     tensor.div_(worldSize);
   } else {
@@ -370,6 +386,15 @@ void allgatherList(const CpuContext& ctx, const at::Tensor& input, std::vector<a
   at::Tensor gathered = at::empty({static_cast<int64_t>(outputs.size()) * input.numel()}, input.options());
   allgatherInto(ctx, input, gathered);
   splitInto(gathered, outputs);
+}
+
+void allgatherCoalesced(const CpuContext& ctx, const std::vector<at::Tensor>& inputs,
+                        std::vector<std::vector<at::Tensor>>& outputLists) {
+  const at::Tensor mine = concatenated(inputs);
+  const int64_t each = mine.numel();
+  at::Tensor gathered = at::empty({static_cast<int64_t>(outputLists.size()) * each}, mine.options());
+  allgatherInto(ctx, mine, gathered);
+  for (size_t r = 0; r < outputLists.size(); ++r) splitInto(gathered.narrow(0, r * each, each), outputLists[r]);
 }
 
 void reduceScatterInto(const CpuContext& ctx, const at::Tensor& input, at::Tensor& output, const c10d::ReduceOp& op) {

@@ -53,6 +53,9 @@ void reduce(const CpuContext& ctx, at::Tensor& tensor, int root, const c10d::Red
 // output holds P * input.numel() elements, rank-major.
 void allgatherInto(const CpuContext& ctx, const at::Tensor& input, at::Tensor& output);
 void allgatherList(const CpuContext& ctx, const at::Tensor& input, std::vector<at::Tensor>& outputs);
+// outputLists[r][i] = rank r's inputs[i]: one all_gather of every rank's inputs laid end to end.
+void allgatherCoalesced(const CpuContext& ctx, const std::vector<at::Tensor>& inputs,
+                        std::vector<std::vector<at::Tensor>>& outputLists);
 // input holds P * output.numel() elements, rank-major; block `rank` reduced lands in output.
 void reduceScatterInto(const CpuContext& ctx, const at::Tensor& input, at::Tensor& output, const c10d::ReduceOp& op);
 void reduceScatterList(const CpuContext& ctx, const std::vector<at::Tensor>& inputs, at::Tensor& output,

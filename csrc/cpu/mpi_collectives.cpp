@@ -47,8 +47,14 @@ MPI_Datatype mpiType(c10::ScalarType dtype) {
     case c10::kDouble: return MPI_DOUBLE;
     case c10::kChar: return MPI_INT8_T;
     case c10::kByte: return MPI_UINT8_T;
+    case c10::kShort: return MPI_INT16_T;
+    case c10::kUInt16: return MPI_UINT16_T;
     case c10::kInt: return MPI_INT32_T;
+    case c10::kUInt32: return MPI_UINT32_T;
     case c10::kLong: return MPI_INT64_T;
+    case c10::kUInt64: return MPI_UINT64_T;
+    case c10::kFloat8_e4m3fn:  // moved only: the reductions refuse float8 before anything is sent
+    case c10::kFloat8_e5m2: return MPI_UINT8_T;
     case c10::kHalf: return CustomTypes::get().half;
     case c10::kBFloat16: return CustomTypes::get().bfloat16;
     case c10::kBool: return CustomTypes::get().boolean;

@@ -127,6 +127,8 @@ ncclDataType_t toNcclType(const OpContext& ctx, at::ScalarType dtype) {
     case at::kBool: return ncclUint8;
     case at::kInt: return ncclInt32;
     case at::kLong: return ncclInt64;
+    case at::kUInt32: return ncclUint32;
+    case at::kUInt64: return ncclUint64;
 #if DDPLITE_NCCL_HAS_FP8
     case at::kFloat8_e4m3fn: return ncclFloat8e4m3;
     case at::kFloat8_e5m2: return ncclFloat8e5m2;
@@ -134,8 +136,8 @@ ncclDataType_t toNcclType(const OpContext& ctx, at::ScalarType dtype) {
     default:
       throwValueError(ctx, strCat("dtype ", dtype, " is not supported on CUDA by this build (NCCL ",
                                   versionText(compiledVersion()), ")"),
-                      "supported: float32, float64, float16, bfloat16, int8, uint8, int32, int64, bool, and float8 "
-                      "(e4m3fn, e5m2) with NCCL >= 2.24");
+                      "supported: float32, float64, float16, bfloat16, int8, uint8, int32, uint32, int64, uint64, "
+                      "bool, and float8 (e4m3fn, e5m2) with NCCL >= 2.24");
   }
 }
 

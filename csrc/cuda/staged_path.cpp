@@ -17,7 +17,7 @@ bool isFloat8(const at::Tensor& tensor) {
   return tensor.scalar_type() == at::kFloat8_e4m3fn || tensor.scalar_type() == at::kFloat8_e5m2;
 }
 
-// How a tensor is staged. float8 exists only on CUDA (the CPU collectives refuse it), so:
+// How a tensor is staged. The CPU collectives move float8 but do not reduce it, so:
 // kBytes (data movement: broadcast, gathers, scatter, all-to-all, send/recv) stages its raw
 // bytes (view as uint8: exact); kReduce (reductions) stages it widened to float32, and the copy
 // back rounds the result to float8 once. Every other dtype is staged as it is.

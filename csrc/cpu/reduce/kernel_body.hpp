@@ -19,12 +19,13 @@ constexpr size_t kBlockBytes = 4096;  // one block of the output stays in L1 whi
 template <typename T>
 inline T smaller(T a, T b) { return a < b ? a : b; }
 
-// Signed integers wrap around (two's complement) through their unsigned type: no undefined
-// overflow for the optimiser to exploit, the same bits as torch's and gloo's integer sums.
-template <typename T, bool = std::is_integral_v<T> && std::is_signed_v<T>>
+// Integers wrap around (two's complement) through the unsigned type they are promoted to
+// (unsigned int for 8- and 16-bit types, whose products would otherwise overflow a signed int):
+// no undefined overflow for the optimiser to exploit, the same bits as torch's integer sums.
+template <typename T, bool = std::is_integral_v<T>>
 struct ArithmeticOf { using type = T; };
 template <typename T>
-struct ArithmeticOf<T, true> { using type = std::make_unsigned_t<T>; };
+struct ArithmeticOf<T, true> { using type = std::make_unsigned_t<decltype(T{} + T{})>; };
 template <typename T>
 using Arithmetic = typename ArithmeticOf<T>::type;
 
@@ -182,9 +183,13 @@ KernelPair selectFor(c10::ScalarType dtype, RedOpType op) {
     case c10::kBFloat16: return widened<BFloat16Convert>(op);
     case c10::kChar: return integral<int8_t>(op);
     case c10::kByte: return integral<uint8_t>(op);
+    case c10::kShort: return integral<int16_t>(op);
+    case c10::kUInt16: return integral<uint16_t>(op);
     case c10::kInt: return integral<int32_t>(op);
+    case c10::kUInt32: return integral<uint32_t>(op);
     case c10::kLong: return integral<int64_t>(op);
+    case c10::kUInt64: return integral<uint64_t>(op);
     case c10::kBool: return boolean(op);
-    default: return {};
+    default: return {};  // float8: moved, never reduced (reduceOpProblem)
   }
 }

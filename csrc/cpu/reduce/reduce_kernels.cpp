@@ -120,11 +120,17 @@ ReduceFn selectReduceFn(c10::ScalarType dtype, RedOpType op) {
 bool isSupportedDtype(c10::ScalarType dtype) {
   switch (dtype) {
     case c10::kFloat: case c10::kDouble: case c10::kHalf: case c10::kBFloat16:
-    case c10::kChar: case c10::kByte: case c10::kInt: case c10::kLong: case c10::kBool:
+    case c10::kChar: case c10::kByte: case c10::kShort: case c10::kUInt16: case c10::kInt: case c10::kUInt32:
+    case c10::kLong: case c10::kUInt64: case c10::kBool:
+    case c10::kFloat8_e4m3fn: case c10::kFloat8_e5m2:  // data movement only (reduceOpProblem)
       return true;
     default:
       return false;
   }
+}
+
+bool isFloat8(c10::ScalarType dtype) {
+  return dtype == c10::kFloat8_e4m3fn || dtype == c10::kFloat8_e5m2;
 }
 
 const char* reduceOpName(RedOpType op) {
@@ -148,6 +154,10 @@ std::string reduceOpProblem(c10::ScalarType dtype, RedOpType op) {
   }
   std::string name = reduceOpName(op);
   std::string type = c10::toString(dtype);
+  if (isFloat8(dtype)) {
+    return type + " tensors can be moved (broadcast, gathers, scatter, all-to-all, send/recv) but not reduced "
+           "on CPU (ReduceOp." + name + "); neither can gloo";
+  }
   if (op == RedOpType::PREMUL_SUM) {
     return "ReduceOp.PREMUL_SUM is defined for floating-point tensors only, not " + type;
   }

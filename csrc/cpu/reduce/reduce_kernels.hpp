@@ -36,8 +36,10 @@ ReduceFn selectReduceFn(c10::ScalarType dtype, c10d::ReduceOp::RedOpType op);
 // "" when supported, else a sentence for the user's ValueError.
 std::string reduceOpProblem(c10::ScalarType dtype, c10d::ReduceOp::RedOpType op);
 
-// The dtypes every CPU collective accepts.
+// The dtypes every CPU collective accepts: float32/64, float16, bfloat16, int8/16/32/64,
+// uint8/16/32/64, bool, and float8 e4m3fn/e5m2 (moved, never reduced).
 bool isSupportedDtype(c10::ScalarType dtype);
+bool isFloat8(c10::ScalarType dtype);
 
 const char* reduceOpName(c10d::ReduceOp::RedOpType op);
 
