@@ -65,6 +65,26 @@ PYBIND11_MODULE(_C, m) {
 
   m.doc() = "torch-ddp-lite: the ddplite torch.distributed backend (C++ core)";
 
+  // A subclass of torch's Backend.Options that copy.deepcopy can copy (dist.split_group copies
+  // the parent group's options).
+  py::class_<ddplite::DdpliteOptions, c10d::Backend::Options, c10::intrusive_ptr<ddplite::DdpliteOptions>>(
+      m, "DdpliteOptions", "The options of a ddplite group (torch's Backend.Options, copyable).")
+      .def("__copy__", [](const ddplite::DdpliteOptions& self) { return c10::make_intrusive<ddplite::DdpliteOptions>(self); })
+      .def("__deepcopy__", [](const ddplite::DdpliteOptions& self, const py::dict&) {
+        return c10::make_intrusive<ddplite::DdpliteOptions>(self);
+      });
+  // The ddplite group as Python sees it (pg._get_backend(device)): torch's Backend plus `options`,
+  // which dist.split_group reads from the parent group (as it does from gloo's and NCCL's).
+  py::class_<ddplite::DdpliteBackend, c10d::Backend, c10::intrusive_ptr<ddplite::DdpliteBackend>>(
+      m, "DdpliteBackend", "A ddplite process group's backend (created by torch.distributed).")
+      .def_property_readonly("options", &ddplite::DdpliteBackend::getBackendOptions,
+                             "This group's options (timeout, group name), as torch's split_group reads them.")
+      // torch calls it on the parent, for a rank left out of a new_group, once the default group
+      // is bound to a device and its backend supports splitting (it is how NCCL's non-members
+      // join ncclCommSplit). ddplite's new groups connect on their own: nothing to do.
+      .def("perform_nocolor_split", [](ddplite::DdpliteBackend&, const py::object&) {}, py::arg("device"),
+           "No-op: a ddplite rank outside a new group takes no part in making it.");
+
   m.def("create_backend", &ddplite::createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout"), py::arg("global_ranks") = std::vector<int>{}, py::arg("group_name") = "",
         py::call_guard<py::gil_scoped_release>(),

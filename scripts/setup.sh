@@ -21,7 +21,8 @@ import importlib.metadata as md, sys
 # torchvision must match torch (0.26 <-> 2.11); the others are for the example, plots and tests.
 torchvision = {"2.11.0": "0.26.0"}.get(sys.argv[1])
 want = {"torch": sys.argv[1], "torchvision": torchvision, "numpy": None, "pytest": None,
-        "ninja": None, "wheel": None, "tqdm": None, "matplotlib": None, "hypothesis": None}
+        "ninja": None, "wheel": None, "tqdm": None, "matplotlib": None, "hypothesis": None,
+        "expecttest": None}  # expecttest: torch's own distributed test suite imports it (tests/torch_suite_runner.py)
 out = []
 for name, version in want.items():
     try:

@@ -201,3 +201,95 @@ def coalesced_failure(rank, world_size):
     dist.all_reduce(total)
     out["sum"] = total.tolist()
     return out
+
+
+def split_group(rank, world_size, backend, splits_list):
+    """dist.split_group. Unbound, torch refuses it for every backend (it needs the default group
+    bound to a device, and init_process_group's device_id must be an accelerator). Then the
+    default group is bound to cpu:0, as device_id binds it to a GPU on a GPU machine, and each
+    split of `splits_list` is made in turn: its members run collectives on it."""
+    out = {"unbound": _outcome(lambda: dist.split_group(split_ranks=splits_list[0]))}
+    if backend == "gloo":
+        return out
+    import copy
+
+    world = dist.group.WORLD
+    options = world._get_backend(torch.device("cpu")).options
+    out["options_copy"] = type(copy.deepcopy(options)).__name__
+    world.bound_device_id = torch.device("cpu", 0)
+    if world_size == 2:
+        # Rank 1's list [1, 2] names a rank the group lacks: rank 1 refuses, rank 0 makes [0]. The
+        # refused split still takes its number on rank 1, so the splits below pair up.
+        out["refused"] = _outcome(lambda: dist.split_group(split_ranks=[[0], [1, 2]]))
+    out["splits"] = []
+    for splits in splits_list:
+        group = dist.split_group(split_ranks=splits, timeout=timedelta(seconds=60))
+        if group is None:
+            out["splits"].append(None)
+            continue
+        total = torch.tensor([float(rank + 1)])
+        dist.all_reduce(total, group=group)
+        root = dist.get_global_rank(group, 0)
+        value = torch.tensor([rank * 10])
+        dist.broadcast(value, src=root, group=group)
+        gathered = [torch.zeros(1, dtype=torch.long) for _ in range(group.size())]
+        dist.all_gather(gathered, torch.tensor([rank]), group=group)
+        out["splits"].append({
+            "backend": dist.get_backend(group), "rank": group.rank(), "size": group.size(),
+            "ranks": dist.get_process_group_ranks(group), "sum": total.item(), "broadcast": value.item(),
+            "gathered": [t.item() for t in gathered], "cpu_and_cuda_same": group._get_backend(torch.device("cpu"))
+            is group._get_backend(torch.device("cuda")) or group._get_backend(torch.device("cpu")).rank()
+            == group._get_backend(torch.device("cuda")).rank()})
+    # On a GPU machine with a bound default group, new_group calls perform_nocolor_split on the
+    # parent's backend on each rank left out (torch refuses a bound cpu device in new_group, so
+    # that path cannot run here): it must exist and leave the group usable.
+    world._get_backend(torch.device("cpu")).perform_nocolor_split(torch.device("cpu", 0))
+    after = torch.tensor([1.0])
+    dist.all_reduce(after)  # the default group still works
+    out["after"] = after.item()
+    return out
+
+
+SPARSE_CASES = [  # (sizes, sparse dims, dtype)
+    ((7,), 1, torch.float32),
+    ((5, 6), 2, torch.float64),
+    ((4, 3, 2), 1, torch.float32),  # hybrid: one sparse dim, two dense
+    ((9, 2), 2, torch.int64),
+    ((3,), 1, torch.float32),       # rank-dependent: some ranks have no entries
+]
+
+
+def _sparse_input(rank, sizes, sparse_dims, dtype, case):
+    """Entries that overlap across ranks (so sums happen), a count that differs per rank, values
+    distinct per rank and exact in every dtype; uncoalesced (a duplicate index)."""
+    generator = torch.Generator().manual_seed(1000 * case + rank)
+    count = 0 if (case == 4 and rank % 2 == 1) else 2 + (rank * 3 + case) % 5
+    index_rows = [torch.randint(0, sizes[d], (count,), generator=generator) for d in range(sparse_dims)]
+    indices = torch.stack(index_rows) if count else torch.zeros((sparse_dims, 0), dtype=torch.long)
+    if count:
+        indices = torch.cat([indices, indices[:, :1]], dim=1)  # a duplicate, summed on coalescing
+    values = torch.randint(-8, 9, (indices.shape[1], *sizes[sparse_dims:]), generator=generator).to(dtype)
+    return torch.sparse_coo_tensor(indices, values, sizes)
+
+
+def sparse_all_reduce(rank, world_size, backend):
+    """Sparse SUM all_reduce of each case; each result as (indices, values, dense), plus the
+    closed form (the dense sum of every rank's input), plus what a refused call raises."""
+    group = dist.new_group(backend="gloo") if backend == "gloo" else None
+    out = {"results": [], "expected": []}
+    for case, (sizes, sparse_dims, dtype) in enumerate(SPARSE_CASES):
+        tensor = _sparse_input(rank, sizes, sparse_dims, dtype, case)
+        dist.all_reduce(tensor, group=group)
+        tensor = tensor.coalesce()
+        out["results"].append((tensor.indices().tolist(), tensor.values().tolist(), tensor.to_dense().tolist()))
+        expected = sum(_sparse_input(r, sizes, sparse_dims, dtype, case).to_dense() for r in range(world_size))
+        out["expected"].append(expected.tolist())
+    max_op = _sparse_input(rank, (7,), 1, torch.float32, 0)
+    out["max"] = _outcome(lambda: dist.all_reduce(max_op, op=dist.ReduceOp.MAX, group=group))
+    if world_size > 1:
+        differing = _sparse_input(rank, (7 + rank,), 1, torch.float32, 0)
+        out["sizes_differ"] = _outcome(lambda: dist.all_reduce(differing, group=group))
+    check = torch.ones(2)
+    dist.all_reduce(check, group=group)
+    out["after"] = check.tolist()
+    return out

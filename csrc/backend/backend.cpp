@@ -1,5 +1,6 @@
 #include "backend/backend.hpp"
 
+#include "backend/sparse_allreduce.hpp"
 #include "backend/validation.hpp"
 #include "common/env.hpp"
 #include "common/logging.hpp"
@@ -11,7 +12,9 @@
 #include "cpu/transport/rank_view.hpp"
 #include "cpu/transport/tcp.hpp"
 
+#include <algorithm>
 #include <c10/util/StringUtil.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 namespace ddplite {
 
@@ -170,7 +173,7 @@ std::exception_ptr p2pFailure(const OpContext& ctx, std::exception_ptr error, co
 
 DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                std::chrono::milliseconds timeout, TraceGroupIdentity trace)
-    : c10d::Backend(rank, size), rendezvous_(store), timeoutMs_(timeout.count()) {
+    : c10d::Backend(rank, size), rendezvous_(store), store_(store), timeoutMs_(timeout.count()) {
   if (timeout.count() <= 0) {
     timeoutMs_ = std::chrono::duration_cast<std::chrono::milliseconds>(kBackendDefaultTimeout).count();
   }
@@ -192,6 +195,7 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
     trace.globalRanks.resize(size);
     for (int r = 0; r < size; ++r) trace.globalRanks[r] = r;
   }
+  globalRanks_ = trace.globalRanks;
   const int globalRank = trace.globalRanks[rank];
   recorder_ = FlightRecorder::create(std::move(trace), globalRank);
   detailChecks_ = env::detailChecks();
@@ -342,7 +346,10 @@ DdpliteBackend::~DdpliteBackend() {
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> DdpliteBackend::getBackendOptions() {
-  return c10::make_intrusive<Options>(kName, std::chrono::milliseconds(timeoutMs_.load()));
+  auto options = c10::make_intrusive<DdpliteOptions>(kName, std::chrono::milliseconds(timeoutMs_.load()));
+  options->group_name = getGroupUid();
+  options->group_desc = getGroupDesc();
+  return options;
 }
 
 void DdpliteBackend::setTimeout(std::chrono::milliseconds timeout) {
@@ -613,6 +620,9 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::broadcast(std::vector<at::Tensor>
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::AllreduceOptions& opts) {
   return collective("allreduce", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
+    if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) {
+      return sparseAllreduce(ctx, tensors[0], opts);
+    }
     at::Tensor tensor = validation::singleTensor(ctx, tensors, "allreduce");
     validation::checkReduceOp(ctx, tensor, opts.reduceOp);
     validation::checkWritable(ctx, tensor, "allreduce");
@@ -621,6 +631,23 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allreduce(std::vector<at::Tensor>
     return enqueue(ctx, OpType::ALLREDUCE, {tensor, tensor, -1, op.op_}, {tensor}, resolveTimeout(opts.timeout),
                    [tensor, op](const cpu::CpuContext& cpu) mutable { cpu::allreduce(cpu, tensor, op); });
   });
+}
+
+c10::intrusive_ptr<c10d::Work> DdpliteBackend::sparseAllreduce(const OpContext& ctx, at::Tensor& tensor,
+                                                               const c10d::AllreduceOptions& opts) {
+  checkSparseAllreduce(ctx, tensor, opts.reduceOp);
+  c10d::AllgatherOptions gatherOptions;
+  gatherOptions.timeout = opts.timeout;
+  const auto allgather = [&](const at::Tensor& part) {
+    at::Tensor input = part.contiguous();
+    at::Tensor output = at::empty({size_ * input.numel()}, input.options());
+    _allgather_base(output, input, gatherOptions)->wait();
+    return output;
+  };
+  tensor.copy_(sparseAllreduceSum(ctx, tensor, size_, allgather));
+  auto work = c10::make_intrusive<DdpliteWork>(ctx, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{tensor});
+  work->markFinished(nullptr);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce(std::vector<at::Tensor>& tensors,
@@ -934,12 +961,14 @@ OpContext DdpliteBackend::nextP2pContext(const char* op) {
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   const OpContext ctx = nextP2pContext("send");
+  const DepthGuard depth;  // a staged CUDA send comes back here: only the outermost joins a coalesced group
+  const bool outermost = collectiveDepth == 1;
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "send");
   validation::checkPeer(ctx, dstRank, "send to");
   validation::checkTag(ctx, tag, kFirstUserTag);
   if (routesToCuda(ctx, tensor)) {
     auto work = cuda_->send(tensors, dstRank, tag, ctx);
-    coalescing_.add(work);
+    if (outermost) coalescing_.add(work);
     return work;
   }
   auto work = c10::make_intrusive<DdpliteWork>(ctx, OpType::SEND, std::vector<at::Tensor>{tensor});
@@ -948,8 +977,49 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::send(std::vector<at::Tensor>& ten
              [this, work, ctx, trace](std::exception_ptr error, int source) {
                finishP2p(*work, ctx, trace, error, source);
              });
-  coalescing_.add(work);
+  if (outermost) coalescing_.add(work);
   return work;
+}
+
+c10::intrusive_ptr<c10d::Backend> DdpliteBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                        const std::vector<int>& ranks,
+                                                        const c10::intrusive_ptr<Options>& opts) {
+  const OpContext ctx{rank_, size_, "split_group", seq_.load()};
+  std::lock_guard<std::mutex> lock(splitMutex_);
+  // The number comes first, so that a split this rank refuses still uses one, as on its peers.
+  if (store && lastSplitStore_.get() == store.get()) {  // the other device type's call of one split_group
+    std::optional<c10::weak_intrusive_ptr<c10d::Backend>> made = std::move(lastSplit_);
+    lastSplit_.reset();
+    lastSplitStore_.reset();  // no more calls for this split: hold neither its store nor its group
+    if (made) {
+      if (auto same = made->lock()) return same;
+    }
+    return {};
+  }
+  ++splits_;
+  lastSplitStore_ = store;
+  lastSplit_.reset();
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+  if (sorted.empty() || !distinct || sorted.front() < 0 || sorted.back() >= size_) {
+    std::string listed;
+    for (int r : ranks) listed += strCat(listed.empty() ? "" : ", ", r);
+    throwValueError(ctx, strCat("split ranks [", listed, "] are not distinct ranks of this group of ", size_),
+                    "pass each new group's ranks once, as ranks of the group being split");
+  }
+  const auto me = std::find(sorted.begin(), sorted.end(), rank_);
+  if (me == sorted.end()) return {};
+  std::string prefix = strCat("ddplite-split/", splits_, "/");
+  for (int r : sorted) prefix += strCat(r, "_");
+  auto childStore = c10::make_intrusive<c10d::PrefixStore>(prefix + "/", store_);
+  TraceGroupIdentity trace{opts ? opts->group_name : std::string(), opts ? opts->group_desc : std::string(), {}};
+  for (int r : sorted) trace.globalRanks.push_back(globalRanks_[r]);
+  const auto timeout = opts ? opts->timeout : std::chrono::milliseconds(timeoutMs_.load());
+  c10::intrusive_ptr<c10d::Backend> made = c10::make_intrusive<DdpliteBackend>(
+      childStore, static_cast<int>(me - sorted.begin()), static_cast<int>(sorted.size()), timeout, std::move(trace));
+  lastSplit_ = c10::weak_intrusive_ptr<c10d::Backend>(made);
+  return made;
 }
 
 void DdpliteBackend::startCoalescing() {
@@ -976,6 +1046,7 @@ void DdpliteBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wai
   if (timeout.count() < 0) {
     throwValueError(ctx, strCat("timeout ", timeout.count(), " ms is negative"), "pass a timedelta >= 0");
   }
+  throwIfBroken(ctx);  // an aborted or failed group says so, rather than "Rank 1 failed to pass"
   // A rank > 0 waits for rank 0 to arrive (up to the group's timeout) and then to decide.
   ddplite::monitoredBarrier(*p2p_, MonitoredBarrierCall{ctx, timeout, waitAllRanks, groupTimeout + timeout});
 }
@@ -991,13 +1062,15 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::recvAnysource(std::vector<at::Ten
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vector<at::Tensor>& tensors, int srcRank,
                                                         int tag) {
   const OpContext ctx = nextP2pContext(op);
+  const DepthGuard depth;  // as in send()
+  const bool outermost = collectiveDepth == 1;
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "recv");
   if (srcRank != cpu::P2pEngine::kAnySource) validation::checkPeer(ctx, srcRank, "receive from");
   validation::checkTag(ctx, tag, kFirstUserTag);
   validation::checkWritable(ctx, tensor, "recv");
   if (routesToCuda(ctx, tensor)) {
     auto work = cuda_->recv(tensors, srcRank, tag, ctx);
-    coalescing_.add(work);
+    if (outermost) coalescing_.add(work);
     return work;
   }
   auto work = c10::make_intrusive<DdpliteWork>(
@@ -1010,7 +1083,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
                if (!error && !landing.is_same(tensor)) tensor.copy_(landing);
                finishP2p(*work, ctx, trace, error, source);
              });
-  coalescing_.add(work);
+  if (outermost) coalescing_.add(work);
   return work;
 }
 

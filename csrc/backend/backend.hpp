@@ -42,6 +42,12 @@
 
 namespace ddplite {
 
+// The options getBackendOptions() returns: torch's, as a type of ours so that Python can copy it
+// (dist.split_group deep-copies the parent's options; torch's own Options type cannot be copied).
+struct DdpliteOptions : c10d::Backend::Options {
+  using Options::Options;
+};
+
 class DdpliteBackend final : public c10d::Backend {
  public:
   static constexpr const char* kName = "ddplite";
@@ -105,6 +111,20 @@ class DdpliteBackend final : public c10d::Backend {
   bool supportsCoalescing() const override { return true; }
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  // torch's split_group (ProcessGroup::splitGroup): a new ddplite group of this group's ranks
+  // `ranks` (sorted, distinct); null on a rank not in `ranks`. Every rank of this group calls it
+  // once per split_group (torch's contract: collective over the parent), members or not; the new
+  // group connects over this group's store under "ddplite-split/<n>/<ranks>/", n counting the
+  // splits of this group. It does not use torch's `store`, whose prefix is a name torch derives
+  // from how many groups each rank has registered, which differs on a rank that was left out of
+  // an earlier split. torch 2.11 calls split once per device type this backend serves (cpu and
+  // cuda) with one `store`: a call with the store of the previous call returns what that made
+  // (and then forgets both). A split this rank refuses (ValueError) still counts.
+  // The new group makes its own NCCL communicator when it first meets a CUDA tensor (no
+  // ncclCommSplit yet: docs/gpu.md). Caller's thread.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
   // gloo's monitored barrier (backend/monitored_barrier.hpp), over the send/recv mesh; CPU only.
   // A timeout of zero is zero (rank 0 gives up at once), as in gloo; unset is the group's.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
@@ -161,6 +181,11 @@ class DdpliteBackend final : public c10d::Backend {
     FlightRecorder::Handle trace = 0;             // its flight-recorder entry; 0: none
     std::optional<ArgumentSignature> signature;  // checked across ranks first (DETAIL)
   };
+  // all_reduce of a sparse COO CPU tensor (backend/sparse_allreduce.hpp): three all_gathers
+  // waited for on the caller's thread; returns a completed Work. Sequence numbers: those of
+  // the all_gathers, the same on every rank.
+  c10::intrusive_ptr<c10d::Work> sparseAllreduce(const OpContext& ctx, at::Tensor& tensor,
+                                                 const c10d::AllreduceOptions& opts);
   // Queues (or runs) a validated CPU collective.
   c10::intrusive_ptr<c10d::Work> enqueue(OpContext ctx, c10d::OpType type, const OpArgs& args,
                                          std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
@@ -197,6 +222,14 @@ class DdpliteBackend final : public c10d::Backend {
   std::unique_ptr<Transport> splitByHost(std::unique_ptr<Transport> mesh);
 
   StoreRendezvous rendezvous_;
+  std::vector<int> globalRanks_;  // global rank of each rank of this group; written once in the constructor
+  c10::intrusive_ptr<c10d::Store> store_;  // this group's store; split groups connect over it
+  std::mutex splitMutex_;                  // guards the three below
+  uint64_t splits_ = 0;                    // split_group calls so far
+  // torch's store of the last split() call (held, so that no later call's store reuses its
+  // address), and the group it made on this rank.
+  c10::intrusive_ptr<c10d::Store> lastSplitStore_;
+  std::optional<c10::weak_intrusive_ptr<c10d::Backend>> lastSplit_;
   // Declared early so that it outlives the P2P engine and the worker, whose completions use it.
   std::shared_ptr<FlightRecorder> recorder_;   // null when DDPLITE_TRACE_BUFFER_SIZE=0
   std::atomic<bool> recorderNamed_{false};     // torch's group name and desc passed on (first op)

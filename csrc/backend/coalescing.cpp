@@ -1,5 +1,6 @@
 #include "backend/coalescing.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <memory>
@@ -8,17 +9,22 @@
 namespace ddplite {
 
 bool CoalescingCollector::start() {
+  std::lock_guard<std::mutex> lock(mutex_);
   const bool wasIdle = !active_;
   active_ = true;
+  owner_ = std::this_thread::get_id();
   parts_.clear();
   return wasIdle;
 }
 
 void CoalescingCollector::add(c10::intrusive_ptr<c10d::Work> work) {
-  if (active_ && work) parts_.push_back(std::move(work));
+  if (!work) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (active_ && owner_ == std::this_thread::get_id()) parts_.push_back(std::move(work));
 }
 
 std::optional<std::vector<c10::intrusive_ptr<c10d::Work>>> CoalescingCollector::end() {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (!active_) return std::nullopt;
   active_ = false;
   return std::exchange(parts_, {});
@@ -59,9 +65,68 @@ std::vector<at::Tensor> outputsOf(const std::vector<c10::intrusive_ptr<c10d::Wor
   return outputs;
 }
 
+// The aggregate DdpliteWork of `parts` (defined below coalescedWork).
+c10::intrusive_ptr<DdpliteWork> aggregateOf(const OpContext& ctx, const std::vector<c10::intrusive_ptr<c10d::Work>>& parts);
+
+// The coalesced Work of parts that are not all DdpliteWorks (see coalescedWork): waits and
+// queries go to the parts; the future and WorkResult are `aggregate`'s.
+class PartsWork final : public c10d::Work {
+ public:
+  PartsWork(c10::intrusive_ptr<DdpliteWork> aggregate, std::vector<c10::intrusive_ptr<c10d::Work>> parts)
+      : c10d::Work(-1, c10d::OpType::COALESCED), aggregate_(std::move(aggregate)), parts_(std::move(parts)) {}
+
+  bool isCompleted() override {
+    return std::all_of(parts_.begin(), parts_.end(), [](const auto& part) { return part->isCompleted(); });
+  }
+  bool isSuccess() const override {
+    return std::all_of(parts_.begin(), parts_.end(), [](const auto& part) { return part->isSuccess(); });
+  }
+  std::exception_ptr exception() const override {
+    for (const auto& part : parts_) {
+      if (auto error = part->exception()) return error;
+    }
+    return nullptr;
+  }
+  std::vector<at::Tensor> result() override { return aggregate_->result(); }
+  void synchronize() override {
+    for (const auto& part : parts_) part->synchronize();
+  }
+  // Each part's wait() with what is left of `timeout` (kNoTimeout: each waits as it would).
+  bool wait(std::chrono::milliseconds timeout) override {
+    const auto start = std::chrono::steady_clock::now();
+    for (const auto& part : parts_) {
+      std::chrono::milliseconds left = timeout;
+      if (timeout != kNoTimeout) {
+        const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+        left = std::max(std::chrono::milliseconds(1), timeout - spent);
+      }
+      part->wait(left);
+    }
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return aggregate_->getFuture(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override { return aggregate_->getFutureResult(); }
+  uint64_t getSequencenumber() const override { return aggregate_->getSequencenumber(); }
+
+ private:
+  const c10::intrusive_ptr<DdpliteWork> aggregate_;
+  const std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
+};
+
 }  // namespace
 
-c10::intrusive_ptr<DdpliteWork> coalescedWork(const OpContext& ctx, std::vector<c10::intrusive_ptr<c10d::Work>> parts) {
+c10::intrusive_ptr<c10d::Work> coalescedWork(const OpContext& ctx, std::vector<c10::intrusive_ptr<c10d::Work>> parts) {
+  const bool allOurs = std::all_of(parts.begin(), parts.end(), [](const auto& part) {
+    return dynamic_cast<DdpliteWork*>(part.get()) != nullptr;
+  });
+  c10::intrusive_ptr<DdpliteWork> whole = aggregateOf(ctx, parts);
+  if (allOurs) return whole;
+  return c10::make_intrusive<PartsWork>(whole, std::move(parts));
+}
+
+namespace {
+
+c10::intrusive_ptr<DdpliteWork> aggregateOf(const OpContext& ctx, const std::vector<c10::intrusive_ptr<c10d::Work>>& parts) {
   auto whole = c10::make_intrusive<DdpliteWork>(ctx, c10d::OpType::COALESCED, outputsOf(parts));
   if (parts.empty()) {
     whole->markFinished(nullptr);
@@ -91,5 +156,7 @@ c10::intrusive_ptr<DdpliteWork> coalescedWork(const OpContext& ctx, std::vector<
   }
   return whole;
 }
+
+}  // namespace
 
 }  // namespace ddplite

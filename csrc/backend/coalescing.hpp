@@ -9,38 +9,50 @@
 // all_gather_into_tensor and reduce_scatter_tensor itself and issues them as one *_coalesced
 // call inside the window, which the collector gathers like any other op.
 //
-// Threads: start/add/end on the caller's thread (torch issues a coalesced group from one thread);
-// the coalesced Work completes on whichever thread completes its last part.
+// Threads: torch issues a coalesced group from one thread. start() records it; add() takes ops
+// from that thread only (an op another thread issues meanwhile, say a DDP comm hook on an
+// autograd thread, is not part of the group); end() on any thread. A mutex guards the state.
+// The coalesced Work completes on whichever thread completes its last part.
 #pragma once
 
 #include "backend/work.hpp"
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 namespace ddplite {
 
 class CoalescingCollector {
  public:
-  // Opens a group. False when one was still open (a _coalescing_manager body raised, so torch
-  // never ended it): that group is dropped; its ops complete on their own Works.
+  // Opens a group on the calling thread. False when one was still open (a _coalescing_manager
+  // body raised, so torch never ended it): that group is dropped; its ops complete on their own.
   bool start();
-  bool active() const { return active_; }
-  // A Work issued while the group is open (null Works are skipped).
+  // A Work issued while the group is open, by the thread that opened it (null Works, and Works
+  // of other threads, are skipped).
   void add(c10::intrusive_ptr<c10d::Work> work);
   // Closes the group: its Works in issue order; nullopt when no group was open.
   std::optional<std::vector<c10::intrusive_ptr<c10d::Work>>> end();
 
  private:
+  std::mutex mutex_;  // guards the three below
   bool active_ = false;
+  std::thread::id owner_;  // the thread that opened the group
   std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
 };
 
-// One Work for `parts`: it completes when every part has (in any order); it fails with the first
-// failure that completes, its WorkResult that part's; its future's value is every part's result()
-// in order. No parts: completed at once.
-c10::intrusive_ptr<DdpliteWork> coalescedWork(const OpContext& ctx, std::vector<c10::intrusive_ptr<c10d::Work>> parts);
+// One Work for `parts`.
+// * Every part a DdpliteWork (CPU ops, whose completion is the op's end): a DdpliteWork that
+//   completes when every part has (in any order), failing with the first failure that completes,
+//   its WorkResult that part's; its future's value is every part's result() in order.
+// * Otherwise (NCCL Works, whose future completes at launch and whose wait() orders the caller's
+//   stream after the kernel): a Work whose wait(), synchronize(), isCompleted() and exception()
+//   ask each part, so the caller's stream waits on every kernel and a failure the watchdog
+//   reports later still surfaces; its future and WorkResult are the aggregate above.
+// No parts: completed at once.
+c10::intrusive_ptr<c10d::Work> coalescedWork(const OpContext& ctx, std::vector<c10::intrusive_ptr<c10d::Work>> parts);
 
 }  // namespace ddplite

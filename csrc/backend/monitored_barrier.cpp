@@ -107,16 +107,18 @@ void collectArrivals(cpu::P2pEngine& p2p, const MonitoredBarrierCall& call) {
   std::vector<int64_t> verdict(size + 1, kUnchecked);  // [size]: the barrier as a whole
   verdict[0] = kPassed;
   std::vector<int> processed, failed;
-  std::string failure;  // the error to raise once the verdict is out
   std::string firstCause;
   for (int r = 1; r < size; ++r) {
-    // gloo's rule: out of time once a whole millisecond past the timeout; before that, a rank
-    // not yet arrived fails its own wait ("Rank r failed to pass ...").
+    // gloo's rule: out of time once the whole milliseconds elapsed reach the timeout (so always,
+    // with a timeout of 0); then rank r fails with "Rank 0 timed out ..." as its cause, as in gloo,
+    // whose out-of-time check throws inside rank r's wait. With waitAllRanks every rank is awaited.
     const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-    if (!call.waitAllRanks && elapsed > call.timeout) {
-      failure = strCat("Rank 0 timed out in monitoredBarrier after ", call.timeout.count(), " ms.\n",
-                       processed.empty() ? std::string("No ranks successfully processed in monitoredBarrier.")
-                                         : strCat("Successfully processed ranks: ", joined(processed)));
+    if (!call.waitAllRanks && elapsed >= call.timeout) {
+      verdict[r] = kFailed;
+      failed.push_back(r);
+      firstCause = strCat("Rank 0 timed out in monitoredBarrier after ", call.timeout.count(), " ms.\n",
+                          processed.empty() ? std::string("No ranks successfully processed in monitoredBarrier.")
+                                            : strCat("Successfully processed ranks: ", joined(processed)));
       break;
     }
     std::exception_ptr error = arrivals->wait(r, deadline);
@@ -130,7 +132,8 @@ void collectArrivals(cpu::P2pEngine& p2p, const MonitoredBarrierCall& call) {
     if (firstCause.empty()) firstCause = whatOf(error);
     if (!call.waitAllRanks) break;
   }
-  if (failure.empty() && !failed.empty()) {
+  std::string failure;  // the error to raise once the verdict is out
+  if (!failed.empty()) {
     failure = strCat("[Rank 0]: ", failed.size() == 1 ? "Rank " : "Ranks ", joined(failed),
                      " failed to pass monitoredBarrier in ", call.timeout.count(), " ms\n Original exception: \n",
                      firstCause);
@@ -173,11 +176,8 @@ void arriveAndWait(cpu::P2pEngine& p2p, const MonitoredBarrierCall& call) {
   if (cause.empty()) {
     const int64_t* flags = verdict.data_ptr<int64_t>();
     if (flags[call.ctx.size] == kPassed) return;
-    const std::string failed = failedRanks(flags, call.ctx.size);
-    cause = failed.empty() ? strCat("rank 0 timed out in monitoredBarrier after ", call.timeout.count(),
-                                    " ms before it heard from every rank")
-                           : strCat("rank 0 reports that rank(s) ", failed, " failed to pass monitoredBarrier in ",
-                                    call.timeout.count(), " ms");
+    cause = strCat("rank 0 reports that rank(s) ", failedRanks(flags, call.ctx.size),
+                   " failed to pass monitoredBarrier in ", call.timeout.count(), " ms");
   }
   throwDistError(call.ctx,
                  strCat("Rank ", rank, " successfully reached monitoredBarrier, but received errors while waiting "

@@ -31,7 +31,7 @@ void checkTensor(const OpContext& ctx, const at::Tensor& tensor, const char* wha
   }
   if (tensor.layout() != c10::kStrided) {
     throwValueError(ctx, strCat("the ", what, " tensor is ", tensor.layout(), "; ddplite supports dense tensors only"),
-                    "convert it with tensor.to_dense() (sparse gradients: use a dense embedding, or gloo)");
+                    "convert it with tensor.to_dense(); of sparse tensors ddplite serves all_reduce(SUM) of COO on CPU only");
   }
   if (!cpu::isSupportedDtype(tensor.scalar_type())) {
     throwValueError(ctx, strCat("dtype ", tensor.scalar_type(), " of the ", what, " tensor is not supported"),
