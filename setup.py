@@ -64,10 +64,11 @@ def find_nccl():
 
 def sources(with_nccl):
     found = []
-    folders = ["common", "rendezvous", "cpu", "backend"] + (["cuda"] if with_nccl else [])
+    # csrc/cuda/rules holds the NCCL path's decisions without CUDA types: every build has them.
+    folders = ["common", "rendezvous", "cpu", "backend", "cuda/rules"] + (["cuda"] if with_nccl else [])
     for folder in folders:
         found += glob.glob(os.path.join("csrc", folder, "**", "*.cpp"), recursive=True)
-    return sorted(found) + [os.path.join("csrc", "bindings.cpp")]
+    return sorted(set(found)) + [os.path.join("csrc", "bindings.cpp")]
 
 
 OPTIMISATION_FLAGS = ["-O3", "-Wall", "-Wno-unused-parameter"]

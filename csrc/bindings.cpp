@@ -6,6 +6,7 @@
 #include "cpu/transport/auth.hpp"
 #include "cpu/transport/net_iface.hpp"
 #include "cpu/transport/tcp.hpp"
+#include "cuda/rules/nccl_rules.hpp"
 #include "rendezvous/mpi.hpp"
 
 #if DDPLITE_WITH_NCCL
@@ -55,6 +56,91 @@ py::dict ncclBuildInfo() {
 #else
   return py::dict(py::arg("compiled_in") = false, py::arg("version") = py::none());
 #endif
+}
+
+}  // namespace
+
+namespace {
+
+namespace rules = ddplite::nccl::rules;
+using IdentityTuple = std::tuple<std::string, std::string, std::string, int, int, bool>;
+
+rules::GpuIdentity toIdentity(const IdentityTuple& t) {
+  return rules::GpuIdentity{std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t), std::get<4>(t), std::get<5>(t)};
+}
+
+std::vector<rules::GpuIdentity> toIdentities(const std::vector<IdentityTuple>& tuples) {
+  std::vector<rules::GpuIdentity> out;
+  for (const auto& t : tuples) out.push_back(toIdentity(t));
+  return out;
+}
+
+void bindNcclRules(py::module_ m) {
+  m.def("encode_identity", [](const IdentityTuple& t) { return rules::encodeIdentity(toIdentity(t)); },
+        py::arg("identity"), "(host, bus_id, uuid, cc_major, cc_minor, multi_rank_gpu) -> the exchanged text.");
+  m.def(
+      "decode_identity",
+      [](const std::string& text) {
+        const rules::GpuIdentity id = rules::decodeIdentity(text);  // std::invalid_argument -> ValueError
+        return IdentityTuple{id.host, id.busId, id.uuid, id.ccMajor, id.ccMinor, id.multiRankGpu};
+      },
+      py::arg("text"));
+  m.def(
+      "shared_gpu",
+      [](const std::vector<IdentityTuple>& identities) {
+        const rules::SharedGpuDecision decision = rules::sharedGpu(toIdentities(identities));
+        return py::make_tuple(decision.sharedGpu, decision.ncclServes);
+      },
+      py::arg("identities"), "(description of the first pair of ranks on one GPU or '', whether NCCL serves the group).");
+  m.def("min_compute_capability", [](const std::vector<IdentityTuple>& ids) { return rules::minComputeCapability(toIdentities(ids)); },
+        py::arg("identities"));
+  m.def("fp8_reduction_refusal", &rules::fp8ReductionRefusal, py::arg("nccl_has_fp8"), py::arg("min_comp_cap"),
+        "'' when NCCL can reduce float8 on the group, else why not.");
+  m.def("identity_key", &rules::identityKey, py::arg("ordinal"), py::arg("rank"));
+  m.def("unique_id_key", &rules::uniqueIdKey, py::arg("ordinal"));
+  m.def(
+      "poll_while_in_progress",
+      [](const std::vector<int>& codes, int inProgress, int success, int stepMs, int deadlineMs, int cancelAfter) {
+        // A fake clock: it starts at 0 and each pause advances it by step_ms; query i answers
+        // codes[i] (the last one repeated).
+        using Clock = std::chrono::steady_clock;
+        const Clock::time_point start{};
+        Clock::time_point now = start;
+        size_t asked = 0;
+        const rules::PollResult result = rules::pollWhileInProgress(
+            [&] { return codes.at(std::min(asked++, codes.size() - 1)); }, inProgress, success, [&] { return now; },
+            start + std::chrono::milliseconds(deadlineMs), [&] { now += std::chrono::milliseconds(stepMs); },
+            [&] { return cancelAfter >= 0 && static_cast<int>(asked) >= cancelAfter; });
+        const char* outcome = result.outcome == rules::PollOutcome::kDone        ? "done"
+                              : result.outcome == rules::PollOutcome::kFailed    ? "failed"
+                              : result.outcome == rules::PollOutcome::kCancelled ? "cancelled"
+                                                                                 : "timed out";
+        const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count();
+        return py::make_tuple(outcome, result.lastCode, result.polls, elapsed);
+      },
+      py::arg("codes"), py::arg("in_progress"), py::arg("success"), py::arg("step_ms"), py::arg("deadline_ms"),
+      py::arg("cancel_after") = -1,
+      "(outcome, last code, polls, fake ms elapsed) of polling a scripted sequence of NCCL result codes; an abort "
+      "is requested once cancel_after polls were made (-1: never).");
+  m.def(
+      "split_args",
+      [](const std::vector<int>& members, int parentRank, int noColor) {
+        const rules::SplitArgs args = rules::splitArgs(members, parentRank, noColor);
+        return py::make_tuple(args.color, args.key);
+      },
+      py::arg("sorted_members"), py::arg("parent_rank"), py::arg("no_color"),
+      "(color, key) this rank passes to ncclCommSplit in a split_group.");
+  m.def(
+      "teardown_for",
+      [](const std::string& cause, bool broken) {
+        const rules::TeardownCause c = cause == "shutdown" ? rules::TeardownCause::kShutdown
+                                       : cause == "abort"  ? rules::TeardownCause::kAbort
+                                       : cause == "destructor"
+                                           ? rules::TeardownCause::kDestructor
+                                           : throw std::invalid_argument("cause: shutdown, abort or destructor");
+        return std::string(rules::teardownFor(c, broken) == rules::Teardown::kAbort ? "abort" : "drain then destroy");
+      },
+      py::arg("cause"), py::arg("group_broken"));
 }
 
 }  // namespace
@@ -175,6 +261,27 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("backend"), py::arg("key"), py::arg("blob"), py::arg("root"),
       "Runs the group's set-up broadcast (what carries the NCCL unique id); collective over the group.");
+
+  m.def(
+      "coalesced_work",
+      [](const std::vector<c10::intrusive_ptr<c10d::Work>>& parts) {
+        return ddplite::coalescedWork(ddplite::OpContext{0, 1, "coalesced", 0}, parts);
+      },
+      py::arg("parts"),
+      "The one Work endCoalescing returns for `parts` (backend/coalescing.hpp); for tests with Works of "
+      "other kinds than ddplite's CPU Work (NCCL's, or Python ones).");
+  m.def(
+      "bootstrap_holds",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& key) -> py::object {
+        auto* store = dynamic_cast<ddplite::StoreBootstrap*>(&asDdplite(backend).bootstrap());
+        if (store == nullptr) return py::none();
+        py::gil_scoped_release release;
+        const bool held = store->holds(key);
+        py::gil_scoped_acquire acquire;
+        return py::bool_(held);
+      },
+      py::arg("backend"), py::arg("key"), "Whether a store bootstrap's key is still in the store (None: MPI bootstrap).");
+  bindNcclRules(m.def_submodule("nccl_rules", "The NCCL path's decisions (cuda/rules/nccl_rules.hpp), without a GPU."));
 
   m.def(
       "nccl_version",

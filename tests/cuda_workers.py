@@ -260,3 +260,131 @@ def watchdog_timeout(rank, world_size):
         return {"raised": None}
     except Exception as error:  # noqa: BLE001
         return {"raised": type(error).__name__, "message": str(error)}
+
+
+def _staged(world_size):
+    """Whether ddplite serves this run's GPUs by host staging (ranks share a GPU, or forced)."""
+    import os
+    return world_size > torch.cuda.device_count() or os.environ.get("DDPLITE_CUDA_STAGING") == "always"
+
+
+def review_cases(rank, world_size):
+    """The cases issue 14's review found wrong on the NCCL path, each against its closed form.
+
+    batch_isend_irecv in torch's docstring ring (send to rank + 1, receive from rank - 1) hangs when
+    the sends are issued one by one outside an NCCL group (at world size 1 the rank sends to
+    itself, which NCCL can only pair inside one group); 64 MiB messages exceed NCCL's buffers.
+    """
+    device = take_gpu(rank)
+    checks = Checks(rank)
+    dist.all_reduce(torch.ones(1, device=device))  # every rank creates the communicator first
+    nxt, prev = (rank + 1) % world_size, (rank - 1) % world_size
+    for count in (5, 16 * 1024 * 1024):
+        send = torch.arange(count, dtype=torch.float32, device=device) + 1000 * rank
+        recv = torch.zeros(count, device=device)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prev)])
+        for work in works:
+            work.wait()
+        checks.same(f"batch_isend_irecv ring {count}: one Work", torch.tensor(len(works)), torch.tensor(1))
+        checks.same(f"batch_isend_irecv ring {count}", recv, torch.arange(count, dtype=torch.float32) + 1000 * prev)
+    # collectives in a coalescing manager: issued as one NCCL group, one Work
+    tensors = [torch.full((3,), float(rank + 1), device=device), torch.full((100_000,), float(rank), device=device)]
+    with dist._coalescing_manager(device=device, async_ops=True) as manager:
+        for tensor in tensors:
+            dist.all_reduce(tensor)
+    manager.wait()
+    n = world_size
+    checks.same("coalescing manager all_reduce[0]", tensors[0], torch.full((3,), float(n * (n + 1) // 2)))
+    checks.same("coalescing manager all_reduce[1]", tensors[1], torch.full((100_000,), float(n * (n - 1) // 2)))
+    # bool: SUM/MAX is "any", MIN/PRODUCT is "all"
+    flags = torch.tensor([rank == 0, True, False], device=device)
+    for op, expected in ((ReduceOp.SUM, [True, True, False]), (ReduceOp.MIN, [world_size == 1, True, False])):
+        t = flags.clone()
+        dist.all_reduce(t, op=op)
+        checks.same(f"all_reduce bool {op}", t, torch.tensor(expected))
+    # PREMUL_SUM with a tensor factor: on the CPU (read on the host) and on the GPU (read by NCCL)
+    for where in ("cpu", device):
+        t = torch.full((1000,), float(rank + 1), device=device)
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(torch.tensor([0.5], device=where)))
+        checks.same(f"PREMUL_SUM factor on {where}", t, torch.full((1000,), 0.5 * n * (n + 1) / 2))
+    # list all_to_all with uneven sizes: rank r sends r + d + 1 elements to rank d
+    ins = [torch.full((rank + d + 1,), float(rank * 10 + d), device=device) for d in range(world_size)]
+    outs = [torch.zeros(s + rank + 1, device=device) for s in range(world_size)]
+    dist.all_to_all(outs, ins)
+    for s in range(world_size):
+        checks.same(f"all_to_all list from {s}", outs[s], torch.full((s + rank + 1,), float(s * 10 + rank)))
+    # complex SUM through the real view; uint16 and float8 moved as bytes
+    z = torch.full((7,), complex(rank, -rank), dtype=torch.complex64, device=device)
+    dist.all_reduce(z)
+    checks.same("all_reduce complex64", z, torch.full((7,), complex(n * (n - 1) / 2, -n * (n - 1) / 2), dtype=torch.complex64))
+    u = torch.arange(9, dtype=torch.uint16, device=device) + rank
+    dist.broadcast(u, src=0)
+    checks.same("broadcast uint16", u, torch.arange(9, dtype=torch.uint16))
+    for dtype in FP8_DTYPES:
+        out = torch.zeros(COUNT * world_size, dtype=dtype, device=device)
+        dist.all_gather_into_tensor(out, inputs(rank, dtype, device))
+        checks.same(f"all_gather_into_tensor {dtype}", out, torch.cat([inputs(r, dtype, device) for r in range(world_size)]))
+        t = inputs(rank, dtype, device)
+        refused = not _staged(world_size) and torch.cuda.get_device_capability(device) < (9, 0)
+        try:
+            dist.all_reduce(t, op=ReduceOp.MAX)
+            outcome = "ok"
+        except ValueError as error:
+            outcome = "ValueError" if "compute capability 9.0" in str(error) else f"ValueError: {error}"
+        checks.checked += 1
+        if outcome != ("ValueError" if refused else "ok"):
+            checks.failures.append(f"rank {rank} fp8 {dtype} MAX on cc {torch.cuda.get_device_capability(device)}: {outcome}")
+        elif not refused:
+            checks.same(f"all_reduce MAX {dtype}", t,
+                        torch.stack([inputs(r, torch.float32, device) for r in range(world_size)]).amax(0).to(dtype))
+    # a subgroup of every rank, and one of rank 0 alone: own communicators, right values
+    for ranks in (list(range(world_size)), [0]):
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            t = torch.full((4,), float(rank + 1), device=device)
+            dist.all_reduce(t, group=group)
+            checks.same(f"subgroup {ranks}", t, torch.full((4,), float(sum(r + 1 for r in ranks))))
+    torch.cuda.synchronize()
+    return checks.result()
+
+
+def abort_with_pending_work(rank, world_size):
+    """Large async all_reduces queued, then abort(): every Work fails with DistBackendError (none
+    reports success), nothing crashes, the GPU drains, and a new group works."""
+    import datetime
+
+    device = take_gpu(rank)
+    dist.all_reduce(torch.ones(1, device=device))
+    works = [dist.all_reduce(torch.ones(32 * 1024 * 1024, device=device), async_op=True) for _ in range(4)]
+    dist.group.WORLD.abort()
+    outcomes = []
+    for work in works:
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=30))
+            outcomes.append("ok" if work.is_completed() else "not completed")
+        except Exception as error:  # noqa: BLE001
+            outcomes.append(type(error).__name__)
+    torch.cuda.synchronize()
+    return {"outcomes": outcomes}
+
+
+def eager_connect_and_split(rank, world_size):
+    """What init_process_group(device_id=cuda:i) does to the default group (bind it, then
+    eager_connect_single_device), then split_group: the new groups' communicators come from
+    ncclCommSplit of the default group's. Their collectives must be right."""
+    device = take_gpu(rank)
+    world = dist.group.WORLD
+    world.bound_device_id = device
+    world._get_backend(device).eager_connect_single_device(device)
+    checks = Checks(rank)
+    for splits in ([list(range(world_size))], [[r] for r in range(world_size)]):
+        group = dist.split_group(split_ranks=splits)
+        mine = next(s for s in splits if rank in s)
+        t = torch.full((1000,), float(rank + 1), device=device)
+        dist.all_reduce(t, group=group)
+        checks.same(f"split {splits}", t, torch.full((1000,), float(sum(r + 1 for r in mine))))
+    t = torch.ones(4, device=device)
+    dist.all_reduce(t)  # the parent still works
+    checks.same("parent after splits", t, torch.full((4,), float(world_size)))
+    torch.cuda.synchronize()
+    return checks.result()

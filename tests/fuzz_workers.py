@@ -58,6 +58,8 @@ def make_call(rng, world_size):
     if case == "bad_tensor":
         kind, tensor = _bad_tensor(rng, count)
         op = rng.choice(["all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor"])
+        if op == "all_reduce" and kind == "sparse":  # a sparse SUM is served (as gloo does); MAX is not
+            return f"all_reduce MAX on {kind}", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         if op == "all_reduce":
             return f"all_reduce on {kind}", lambda: dist.all_reduce(tensor)
         if op == "broadcast":

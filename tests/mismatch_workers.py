@@ -81,10 +81,10 @@ def one_rank_differs(rank, world_size, case):
 
 
 def _refused_then_all_reduce():
-    """A refused call (sparse input) takes a sequence number on this rank only; the all_reduce
-    that follows matches the others' in everything but its number."""
+    """A refused call (sparse input with MAX) takes a sequence number on this rank only; the
+    all_reduce that follows matches the others' in everything but its number."""
     try:
-        dist.all_reduce(torch.eye(3).to_sparse())
+        dist.all_reduce(torch.eye(3).to_sparse(), op=dist.ReduceOp.MAX)
     except ValueError:
         pass
     return all_reduce_of(torch.ones(4))

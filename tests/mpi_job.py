@@ -10,6 +10,9 @@ Every rank writes its result to OUT/rank<R>.pt (torch.save), which the test comp
   stall   rank 1 skips an all_reduce: rank 0 must fail within the group's timeout, not hang
   mismatch  the ranks disagree (a gather refused on the root, then all_reduce against broadcast):
           every rank must raise, none may return a value (mismatch_workers.py)
+  parity  the calls gloo serves that ddplite once refused (parity_workers.py: all_gather_coalesced,
+          coalescing, sparse all_reduce, split_group, monitored_barrier with a rank that never
+          arrives), as tests/test_parity.py runs them, under mpirun
 """
 
 import datetime
@@ -24,6 +27,7 @@ import torch.distributed as dist  # noqa: E402
 
 import groups_p2p  # noqa: E402
 import mismatch_workers  # noqa: E402
+import parity_workers  # noqa: E402
 import sweeps  # noqa: E402
 import torch_ddp_lite  # noqa: E402
 import workers  # noqa: E402
@@ -113,7 +117,19 @@ def run_mismatch(rank, size):
     return result
 
 
-MODES = {"sweeps": run_sweeps, "ddp": run_ddp, "env": run_env, "groups": run_groups, "stall": run_stall,
+def run_parity(rank, size):
+    dist.init_process_group("ddplite", init_method="mpi://", timeout=datetime.timedelta(seconds=60))
+    splits = [[list(range(size))], [[r] for r in range(size)]]
+    missing = {size - 1} if size > 1 else set()
+    return {**group_facts(),
+            "all_gather_coalesced": parity_workers.all_gather_coalesced(rank, size),
+            "coalescing": parity_workers.coalescing(rank, size),
+            "sparse": parity_workers.sparse_all_reduce(rank, size, "ddplite"),
+            "split": parity_workers.split_group(rank, size, "ddplite", splits),
+            "monitored": parity_workers.monitored_barrier(rank, size, "ddplite", missing, False, 1.0, 3.0)}
+
+
+MODES = {"parity": run_parity, "sweeps": run_sweeps, "ddp": run_ddp, "env": run_env, "groups": run_groups, "stall": run_stall,
          "mismatch": run_mismatch}
 
 

@@ -10,6 +10,13 @@ import torch.distributed as dist
 import torch_ddp_lite
 
 
+def paths():
+    """[CPU collective transport, what carries send/recv] of the default group (ddplite)."""
+    extension = torch_ddp_lite._load_extension()
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    return [extension.group_transport(backend)[0], extension.group_p2p_path(backend)]
+
+
 def _outcome(call):
     """("ok", seconds) or (error type, is a RuntimeError, message, seconds)."""
     start = time.monotonic()
@@ -141,7 +148,7 @@ def coalescing(rank, world_size):
     warnings.filterwarnings("ignore", category=FutureWarning)
     cpu = torch.device("cpu")
     gloo = dist.new_group(backend="gloo")
-    out = {"supports": dist.group.WORLD._get_backend(cpu).supports_coalescing,
+    out = {"paths": paths(), "supports": dist.group.WORLD._get_backend(cpu).supports_coalescing,
            "gloo_supports": gloo._get_backend(cpu).supports_coalescing}
     prev = (rank - 1) % world_size
     if world_size > 1:
@@ -276,7 +283,7 @@ def sparse_all_reduce(rank, world_size, backend):
     """Sparse SUM all_reduce of each case; each result as (indices, values, dense), plus the
     closed form (the dense sum of every rank's input), plus what a refused call raises."""
     group = dist.new_group(backend="gloo") if backend == "gloo" else None
-    out = {"results": [], "expected": []}
+    out = {"results": [], "expected": [], "paths": paths() if backend == "ddplite" else None}
     for case, (sizes, sparse_dims, dtype) in enumerate(SPARSE_CASES):
         tensor = _sparse_input(rank, sizes, sparse_dims, dtype, case)
         dist.all_reduce(tensor, group=group)

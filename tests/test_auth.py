@@ -63,9 +63,10 @@ def host_store():
 
 
 def default_group_keys(store):
-    """The store as the default group's ddplite backend sees it (torch's prefixes; ddplite's keys start with ddplite/)."""
+    """The store as the default group's ddplite backend sees it (torch's prefixes, then ddplite's
+    own for the first run on a store; ddplite's keys start with ddplite/)."""
     view = store
-    for prefix in ("default_pg", "0/", "cpu/"):
+    for prefix in ("default_pg", "0/", "cpu/", "ddplite/run0"):
         view = dist.PrefixStore(prefix, view)
     return view
 

@@ -192,3 +192,25 @@ def test_watchdog_aborts_a_collective_a_peer_never_joins():
     assert results[0]["raised"] == "DistBackendError", results[0]
     assert "watchdog aborted the NCCL communicator" in results[0]["message"]
     assert "rank 0/2, allreduce #2" in results[0]["message"]
+
+
+# ---- GPU: the cases of the NCCL review (issue 14) --------------------------------------------
+
+@needs_cuda
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_review_cases_on_one_gpu(world_size):
+    """World size 1 (NCCL) and two ranks on GPU 0 (staged, or NCCL where it serves a shared GPU)."""
+    assert_clean(run_ranks(cuda_workers.review_cases, world_size, timeout_s=300), minimum=15)
+
+
+@needs_cuda
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_eager_connect_then_split_group(world_size):
+    assert_clean(run_ranks(cuda_workers.eager_connect_and_split, world_size, timeout_s=300), minimum=3)
+
+
+@needs_cuda
+def test_abort_with_pending_work_fails_every_work():
+    (result,) = run_ranks(cuda_workers.abort_with_pending_work, 1, timeout_s=180)
+    # a Work the abort overtook fails; one whose kernel finished first may have succeeded
+    assert all(outcome in ("DistBackendError", "ok") for outcome in result["outcomes"]), result

@@ -286,3 +286,38 @@ def test_mpirun_mismatched_collectives_raise_on_every_rank(tmp_path, transport, 
         text = results[0]["gather"]["all_reduce"]["message"]
         assert "rank 0 is in allreduce #2" in text and "gather #1" in text, text
         assert all("error" in r["broadcast"]["first"] for r in results)
+
+
+@needs_mpirun
+@pytest.mark.parametrize("transport,ranks", [("mpi", 1), ("mpi", 2), ("mpi", 3), ("mpi", 4), ("tcp", 2)])
+def test_mpirun_parity_calls(tmp_path, transport, ranks):
+    """The calls of tests/test_parity.py under mpirun, with MPI as the CPU transport (and TCP)."""
+    import parity_workers as pw
+
+    results = mpirun("parity", ranks, tmp_path, transport)
+    cases = sum(len(shapes) for shapes in pw.ALLGATHER_COALESCED_SHAPES) * len(pw.ALLGATHER_COALESCED_DTYPES)
+    n = ranks
+    for rank, result in enumerate(results):
+        assert (result["transport"], result["bootstrap"]) == (transport, "mpi")
+        gathered = result["all_gather_coalesced"]
+        assert gathered["failures"] == [] and gathered["checked"] == cases * n, gathered["failures"][:10]
+        coalescing = result["coalescing"]
+        assert coalescing["supports"] is True and coalescing["fast path ok"] and coalescing["sync"], coalescing
+        assert coalescing["one by one"] == (1, True, True), coalescing
+        if n > 1:
+            assert coalescing["ring 5"] == coalescing["ring 300000"] == (1, 2, True, True), coalescing
+        sparse = result["sparse"]
+        assert [dense for _, _, dense in sparse["results"]] == sparse["expected"]
+        assert sparse["max"][0] == "ValueError" and sparse["after"] == [n] * 2
+        split = result["split"]
+        assert split["splits"][0]["ranks"] == list(range(n)) and split["splits"][0]["sum"] == n * (n + 1) / 2
+        assert split["splits"][1] == {"backend": "ddplite", "rank": 0, "size": 1, "ranks": [rank], "sum": rank + 1.0,
+                                      "broadcast": rank * 10, "gathered": [rank], "cpu_and_cuda_same": True}
+        monitored = result["monitored"]
+        assert [o[0] for o in monitored["passed"]] == ["ok", "ok"] and monitored["sum"] == [n * (n + 1) / 2] * 2
+        if n == 1:
+            assert monitored["failed"][0] == "ok"
+        elif rank == 0:
+            assert f"[Rank 0]: Rank {n - 1} failed to pass monitoredBarrier in 1000 ms" in monitored["failed"][2]
+        elif rank < n - 1:
+            assert f"Rank {rank} successfully reached monitoredBarrier" in monitored["failed"][2]

@@ -1,29 +1,51 @@
 """The torch.distributed calls gloo serves and ddplite used to refuse (issue: parity with gloo),
-each against gloo on the same calls, or the closed form where gloo lacks the call."""
+each against gloo on the same calls, or the closed form where gloo lacks the call.
+
+Every test runs on both of ddplite's CPU paths: shared memory between the ranks of this host
+(the default) and TCP (DDPLITE_CPU_TRANSPORT=tcp); tests/test_mpi.py runs them under mpirun with
+MPI as the transport.
+"""
 
 import pytest
+import torch
+import torch.distributed as dist
 
 import parity_workers as pw
+import torch_ddp_lite
 from harness import run_ranks
 
 TIMEOUT_S = 1.0
+TRANSPORTS = {"shm": {}, "tcp": {"DDPLITE_CPU_TRANSPORT": "tcp"}}
+
+
+def expected_paths(env, world_size):
+    """(CPU collective transport, send/recv path) the default group must report."""
+    if env.get("DDPLITE_CPU_TRANSPORT") == "tcp" or world_size == 1:  # one rank has no peers to share memory with
+        return ["tcp", "TCP"]
+    return ["shm", "shared-memory channels"]
+
+
+@pytest.fixture(params=list(TRANSPORTS))
+def env(request):
+    """The environment that picks the CPU transport (the same for the gloo runs, which ignore it)."""
+    return TRANSPORTS[request.param]
 
 
 def first_line(message):
     return message.split("\n")[0]
 
 
-def run_monitored(backend, world_size, missing, wait_all):
+def run_monitored(backend, world_size, missing, wait_all, env):
     idle_s = TIMEOUT_S + (4 if backend == "gloo" else 2)  # past the arrived ranks' errors
     return run_ranks(pw.monitored_barrier, world_size, backend, set(missing), wait_all, TIMEOUT_S, idle_s,
-                     pg_timeout_s=30)
+                     pg_timeout_s=30, env=env)
 
 
 @pytest.mark.parametrize("world_size,missing,wait_all", [(3, [1], False), (4, [1, 3], True)],
                          ids=["first-missing", "wait-all-ranks"])
-def test_monitored_barrier_raises_where_gloo_raises_with_gloo_phrases(world_size, missing, wait_all):
-    gloo = run_monitored("gloo", world_size, missing, wait_all)
-    ours = run_monitored("ddplite", world_size, missing, wait_all)
+def test_monitored_barrier_raises_where_gloo_raises_with_gloo_phrases(world_size, missing, wait_all, env):
+    gloo = run_monitored("gloo", world_size, missing, wait_all, env)
+    ours = run_monitored("ddplite", world_size, missing, wait_all, env)
     expected_sum = [float(sum(range(1, world_size + 1)))] * 2
     for rank in range(world_size):
         assert [o[0] for o in ours[rank]["passed"]] == [o[0] for o in gloo[rank]["passed"]] == ["ok", "ok"]
@@ -47,9 +69,9 @@ def test_monitored_barrier_raises_where_gloo_raises_with_gloo_phrases(world_size
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_monitored_barrier_names_the_rank_that_never_arrives(world_size):
+def test_monitored_barrier_names_the_rank_that_never_arrives(world_size, env):
     missing = [world_size - 1] if world_size > 1 else []
-    results = run_monitored("ddplite", world_size, missing, False)
+    results = run_monitored("ddplite", world_size, missing, False, env)
     for rank, result in enumerate(results):
         assert [o[0] for o in result["passed"]] == ["ok", "ok"]
         if world_size == 1:
@@ -61,9 +83,9 @@ def test_monitored_barrier_names_the_rank_that_never_arrives(world_size):
             assert f"Rank {rank} successfully reached monitoredBarrier" in result["failed"][2]
 
 
-def test_monitored_barrier_with_no_time_left_matches_gloo():
-    gloo = run_ranks(pw.monitored_barrier_rank0_alone, 3, "gloo")
-    ours = run_ranks(pw.monitored_barrier_rank0_alone, 3, "ddplite")
+def test_monitored_barrier_with_no_time_left_matches_gloo(env):
+    gloo = run_ranks(pw.monitored_barrier_rank0_alone, 3, "gloo", env=env)
+    ours = run_ranks(pw.monitored_barrier_rank0_alone, 3, "ddplite", env=env)
     assert gloo[1:] == ours[1:] == [None, None]
     assert gloo[0][0] == "RuntimeError" and ours[0][0] == "DistBackendError"
     # gloo's rule, which ddplite follows: rank 0 is out of time before it looks for rank 1 once the
@@ -79,8 +101,8 @@ def test_monitored_barrier_with_no_time_left_matches_gloo():
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_all_gather_coalesced_matches_gloo_and_closed_form(world_size):
-    results = run_ranks(pw.all_gather_coalesced, world_size)
+def test_all_gather_coalesced_matches_gloo_and_closed_form(world_size, env):
+    results = run_ranks(pw.all_gather_coalesced, world_size, env=env)
     cases = sum(len(shapes) for shapes in pw.ALLGATHER_COALESCED_SHAPES) * len(pw.ALLGATHER_COALESCED_DTYPES)
     for result in results:
         assert result["failures"] == [], result["failures"][:10]
@@ -88,8 +110,8 @@ def test_all_gather_coalesced_matches_gloo_and_closed_form(world_size):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_all_gather_coalesced_refuses_what_gloo_refuses(world_size):
-    results = run_ranks(pw.all_gather_coalesced_refusals, world_size)
+def test_all_gather_coalesced_refuses_what_gloo_refuses(world_size, env):
+    results = run_ranks(pw.all_gather_coalesced_refusals, world_size, env=env)
     for rank, result in enumerate(results):
         for name, outcome in result["outcomes"].items():
             assert outcome["gloo"][0] == "RuntimeError", (name, outcome)
@@ -99,8 +121,9 @@ def test_all_gather_coalesced_refuses_what_gloo_refuses(world_size):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_coalescing_groups_ops_into_one_work(world_size):
-    for rank, out in enumerate(run_ranks(pw.coalescing, world_size)):
+def test_coalescing_groups_ops_into_one_work(world_size, env):
+    for rank, out in enumerate(run_ranks(pw.coalescing, world_size, env=env)):
+        assert out["paths"] == expected_paths(env, world_size), out["paths"]
         assert out["supports"] is True and out["gloo_supports"] is False
         if world_size > 1:
             # one Work for the group (gloo, which cannot coalesce, returns one per op); right values
@@ -113,8 +136,8 @@ def test_coalescing_groups_ops_into_one_work(world_size):
         assert kind == "ValueError" and "endCoalescing without startCoalescing" in message, message
 
 
-def test_a_failed_part_fails_the_coalesced_work_with_its_result():
-    results = run_ranks(pw.coalesced_failure, 2, pg_timeout_s=2)
+def test_a_failed_part_fails_the_coalesced_work_with_its_result(env):
+    results = run_ranks(pw.coalesced_failure, 2, pg_timeout_s=2, env=env)
     kind, is_runtime, message = results[1]["failed"]
     assert kind == "DistBackendError" and "Timed out waiting for a message from rank 0" in message, message
     assert results[1]["result"] == 1  # WorkResult.TIMEOUT
@@ -125,9 +148,9 @@ SPLITS = {1: [[[0]]], 2: [[[0, 1]], [[1], [0]]], 3: [[[0, 2]], [[2, 1, 0]]], 4: 
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_split_group_refused_as_gloo_unbound_and_served_when_bound(world_size):
-    gloo = run_ranks(pw.split_group, world_size, "gloo", SPLITS[world_size])
-    ours = run_ranks(pw.split_group, world_size, "ddplite", SPLITS[world_size])
+def test_split_group_refused_as_gloo_unbound_and_served_when_bound(world_size, env):
+    gloo = run_ranks(pw.split_group, world_size, "gloo", SPLITS[world_size], env=env)
+    ours = run_ranks(pw.split_group, world_size, "ddplite", SPLITS[world_size], env=env)
     refusal = "No device associated with the default pg, not safe to split any process groups"
     for rank in range(world_size):
         assert gloo[rank]["unbound"][:3] == ("RuntimeError", True, refusal)
@@ -147,10 +170,11 @@ def test_split_group_refused_as_gloo_unbound_and_served_when_bound(world_size):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_sparse_all_reduce_matches_gloo_and_closed_form(world_size):
-    gloo = run_ranks(pw.sparse_all_reduce, world_size, "gloo")
-    ours = run_ranks(pw.sparse_all_reduce, world_size, "ddplite")
+def test_sparse_all_reduce_matches_gloo_and_closed_form(world_size, env):
+    gloo = run_ranks(pw.sparse_all_reduce, world_size, "gloo", env=env)
+    ours = run_ranks(pw.sparse_all_reduce, world_size, "ddplite", env=env)
     for rank in range(world_size):
+        assert ours[rank]["paths"] == expected_paths(env, world_size), ours[rank]["paths"]
         assert ours[rank]["results"] == gloo[rank]["results"], rank
         assert [dense for _, _, dense in ours[rank]["results"]] == ours[rank]["expected"]
         assert ours[rank]["after"] == [world_size] * 2
@@ -160,3 +184,38 @@ def test_sparse_all_reduce_matches_gloo_and_closed_form(world_size):
         if world_size > 1:
             assert ours[rank]["sizes_differ"][0] == "ValueError", ours[rank]["sizes_differ"]
             assert "same size and sparse dims" in ours[rank]["sizes_differ"][2]
+
+
+class RecordingWork(dist.Work):
+    """A Work of another kind than ddplite's CPU Work (as an NCCL Work is): its wait() is
+    recorded, its future completes when the test says."""
+
+    def __init__(self, name, log):
+        super().__init__()
+        self.name, self.log = name, log
+        self.future = torch.futures.Future()
+
+    def wait(self, timeout=None):
+        self.log.append(self.name)
+        return True
+
+    def get_future(self):
+        return self.future
+
+
+def test_coalesced_work_of_other_works_asks_each_part():
+    """The group Work endCoalescing returns when its parts are not ddplite's CPU Works (on CUDA:
+    NCCL Works): wait() waits on every part in issue order (on CUDA this orders the caller's
+    stream after every kernel), the future completes only with the last part's, and a part
+    without a WorkResult leaves the group's to the future (SUCCESS here)."""
+    log = []
+    first, second = RecordingWork("first", log), RecordingWork("second", log)
+    group = torch_ddp_lite._load_extension().coalesced_work([first, second])
+    future = group.get_future()
+    assert not future.done()
+    second.future.set_result([torch.ones(1)])
+    assert not future.done()  # the parts complete in any order
+    first.future.set_result([torch.ones(1)])
+    assert future.done()
+    assert group.wait() and log == ["first", "second"]
+    assert int(group.get_future_result().wait()) == 0  # WorkResult.SUCCESS

@@ -325,7 +325,7 @@ def invalid_inputs(rank, world_size):
         "bad reduce root": lambda: dist.reduce(torch.ones(3), dst=world_size + 1),
         "list length": lambda: dist.all_gather([torch.zeros(3)] * (world_size + 1), torch.ones(3)),
         "output size": lambda: dist.all_gather_into_tensor(torch.zeros(3 * world_size + 1), torch.ones(3)),
-        "sparse": lambda: dist.all_reduce(torch.eye(3).to_sparse()),
+        "sparse MAX": lambda: dist.all_reduce(torch.eye(3).to_sparse(), op=ReduceOp.MAX),
         "avg on bool": lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool), op=ReduceOp.AVG),
         "band on float": lambda: dist.all_reduce(torch.ones(3), op=ReduceOp.BAND),
         "unsupported dtype": lambda: dist.all_reduce(torch.ones(3, dtype=torch.float8_e4m3fnuz)),

@@ -171,8 +171,29 @@ std::exception_ptr p2pFailure(const OpContext& ctx, std::exception_ptr error, co
 
 }  // namespace
 
+namespace {
+// A store that outlives a run (a persistent store handed to init_process_group again, a file://
+// path not deleted) still holds the earlier run's keys: addresses of listeners that are gone, an
+// NCCL unique id. Each run of a group therefore works under "ddplite/run<k>/", k counted by
+// "ddplite/runs", to which every rank of the group adds 1 once, so one run's ranks all get k.
+c10::intrusive_ptr<c10d::Store> runScopedStore(const c10::intrusive_ptr<c10d::Store>& store, int size) {
+  int64_t arrival = 0;
+  try {
+    arrival = store->add("ddplite/runs", 1);
+  } catch (const std::exception& error) {
+    throwDistError(strCat("rendezvous failed: the store could not count this group's ranks: ", error.what()),
+                   "the store (MASTER_ADDR:MASTER_PORT, or the file:// path) must be reachable from every rank");
+  }
+  return c10::make_intrusive<c10d::PrefixStore>(strCat("ddplite/run", (arrival - 1) / std::max(size, 1)), store);
+}
+}  // namespace
+
 DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                std::chrono::milliseconds timeout, TraceGroupIdentity trace)
+    : DdpliteBackend(runScopedStore(store, size), rank, size, timeout, std::move(trace), RunScoped{}) {}
+
+DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                               std::chrono::milliseconds timeout, TraceGroupIdentity trace, RunScoped)
     : c10d::Backend(rank, size), rendezvous_(store), store_(store), timeoutMs_(timeout.count()) {
   if (timeout.count() <= 0) {
     timeoutMs_ = std::chrono::duration_cast<std::chrono::milliseconds>(kBackendDefaultTimeout).count();
@@ -303,7 +324,7 @@ std::unique_ptr<Transport> DdpliteBackend::splitByHost(std::unique_ptr<Transport
 }
 
 void DdpliteBackend::connectMpi(bool mpiTransport) {
-  bootstrap_ = std::make_unique<StoreBootstrap>(rendezvous_, rank_);
+  bootstrap_ = std::make_unique<StoreBootstrap>(rendezvous_, rank_, size_);
   if (!mpiTransport && !mpi::isInitialized()) return;  // not an MPI job: the store does everything
   const OpContext ctx{rank_, size_, "init", 0};
   const auto [worldRank, worldSize] = mpi::initWorld();
@@ -342,6 +363,9 @@ void DdpliteBackend::connectMpi(bool mpiTransport) {
 }
 
 DdpliteBackend::~DdpliteBackend() {
+  // Destroyed without destroy_process_group (shutdown): the CUDA path aborts rather than wait for
+  // queued NCCL work, as ProcessGroupNCCL's destructor does (cuda/rules/nccl_rules.hpp).
+  if (!closed_.load() && cuda_) cuda_->abandon();
   shutdown();
 }
 
@@ -1002,31 +1026,45 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::split(const c10::intrusive_ptr
   std::vector<int> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
   const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
-  if (sorted.empty() || !distinct || sorted.front() < 0 || sorted.back() >= size_) {
+  const bool valid = !sorted.empty() && distinct && sorted.front() >= 0 && sorted.back() < size_;
+  const auto me = std::find(sorted.begin(), sorted.end(), rank_);
+  const bool member = valid && me != sorted.end();
+  // The CUDA path splits its communicators (ncclCommSplit) on every rank of this group, members,
+  // others and refusers alike: the split is collective over the parent.
+  std::unique_ptr<CudaSplit> cudaSplit = cuda_ ? cuda_->split(member ? sorted : std::vector<int>{}) : nullptr;
+  if (!valid) {
     std::string listed;
     for (int r : ranks) listed += strCat(listed.empty() ? "" : ", ", r);
     throwValueError(ctx, strCat("split ranks [", listed, "] are not distinct ranks of this group of ", size_),
                     "pass each new group's ranks once, as ranks of the group being split");
   }
-  const auto me = std::find(sorted.begin(), sorted.end(), rank_);
-  if (me == sorted.end()) return {};
+  if (!member) return {};
   std::string prefix = strCat("ddplite-split/", splits_, "/");
   for (int r : sorted) prefix += strCat(r, "_");
   auto childStore = c10::make_intrusive<c10d::PrefixStore>(prefix + "/", store_);
   TraceGroupIdentity trace{opts ? opts->group_name : std::string(), opts ? opts->group_desc : std::string(), {}};
   for (int r : sorted) trace.globalRanks.push_back(globalRanks_[r]);
   const auto timeout = opts ? opts->timeout : std::chrono::milliseconds(timeoutMs_.load());
-  c10::intrusive_ptr<c10d::Backend> made = c10::make_intrusive<DdpliteBackend>(
-      childStore, static_cast<int>(me - sorted.begin()), static_cast<int>(sorted.size()), timeout, std::move(trace));
+  auto child = c10::make_intrusive<DdpliteBackend>(childStore, static_cast<int>(me - sorted.begin()),
+                                                   static_cast<int>(sorted.size()), timeout, std::move(trace));
+  if (cudaSplit && child->cuda_) child->cuda_->adopt(std::move(cudaSplit));
+  c10::intrusive_ptr<c10d::Backend> made = child;
   lastSplit_ = c10::weak_intrusive_ptr<c10d::Backend>(made);
   return made;
+}
+
+void DdpliteBackend::eagerConnectSingleDevice(at::Device device) {
+  if (!device.is_cuda() || !cuda_) return;
+  cuda_->connect(device);
 }
 
 void DdpliteBackend::startCoalescing() {
   if (!coalescing_.start()) {
     DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": startCoalescing while a coalesced group was still open (its "
-                "_coalescing_manager body raised?): that group is dropped, its ops complete on their own");
+                "_coalescing_manager body raised?): that group is dropped; its CPU ops complete on their own, its "
+                "CUDA ops (never issued) fail");
   }
+  if (cuda_) cuda_->startCoalescing();
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::endCoalescing() {
@@ -1036,6 +1074,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::endCoalescing() {
     throwValueError(ctx, "endCoalescing without startCoalescing",
                     "use torch.distributed._coalescing_manager, or call _start_coalescing first");
   }
+  if (cuda_) cuda_->endCoalescing();  // issues the CUDA ops of the group as one NCCL group
   return coalescedWork(ctx, std::move(*parts));
 }
 

@@ -54,6 +54,8 @@ class DdpliteBackend final : public c10d::Backend {
 
   // Collective over the group: connects every pair of ranks before returning. `trace`: the
   // group's name and global ranks for the flight recorder (empty: group "0" of ranks 0..size-1).
+  // Every key it writes is under "ddplite/run<k>/" of `store`, k the number of this group's run
+  // on that store, so a store reused by a later run cannot hand it stale addresses or ids.
   DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
                  TraceGroupIdentity trace = {});
   ~DdpliteBackend() override;
@@ -109,6 +111,9 @@ class DdpliteBackend final : public c10d::Backend {
   // Coalescing (backend/coalescing.hpp): the ops issued between start and end, one Work for all.
   // endCoalescing without startCoalescing raises ValueError.
   bool supportsCoalescing() const override { return true; }
+  // init_process_group(device_id=cuda:i): the CUDA path sets that GPU up now (collective), as
+  // torch's NCCL backend does; the CPU path is connected at construction already.
+  void eagerConnectSingleDevice(at::Device device) override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   // torch's split_group (ProcessGroup::splitGroup): a new ddplite group of this group's ranks
@@ -148,6 +153,10 @@ class DdpliteBackend final : public c10d::Backend {
   const std::string& kernelSetName() const { return cpu::kernelSetName(*kernels_); }
 
  private:
+  struct RunScoped {};  // `store` is already the run's own view
+  DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+                 TraceGroupIdentity trace, RunScoped);
+
   using CpuBody = std::function<void(const cpu::CpuContext&)>;
 
   // Context for messages about the op about to be issued (its sequence number is the next one).

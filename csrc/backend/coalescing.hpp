@@ -7,7 +7,9 @@
 // with async_op=False) returns as it would outside it. The collector gathers their Works;
 // endCoalescing() returns coalescedWork() over them. torch collects all_reduce,
 // all_gather_into_tensor and reduce_scatter_tensor itself and issues them as one *_coalesced
-// call inside the window, which the collector gathers like any other op.
+// call inside the window, which the collector gathers like any other op. CUDA ops on NCCL are
+// different: their NCCL calls are deferred to endCoalescing and issued as one NCCL group there
+// (cuda/nccl_path.hpp), before coalescedWork() is built over their Works.
 //
 // Threads: torch issues a coalesced group from one thread. start() records it; add() takes ops
 // from that thread only (an op another thread issues meanwhile, say a DDP comm hook on an

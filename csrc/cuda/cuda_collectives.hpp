@@ -8,6 +8,16 @@
 // Tensors handed to NCCL directly must be contiguous (NcclPath checks); list forms copy through
 // a flat buffer on the NCCL stream. NCCL failures raise DistBackendError (nccl_errors.hpp);
 // unsupported dtypes or ops raise ValueError before anything is issued.
+//
+// Dtypes: data movement (broadcast, gathers, scatters, all-to-all, send/recv) carries any dtype,
+// as bytes where NCCL has no type for it (float8, int16, uint16, complex); reductions need an NCCL
+// type (complex SUM/AVG/PREMUL_SUM reduce their real view), and float8 reductions need every GPU
+// of the group at compute capability 9.0 (rules::fp8ReductionRefusal).
+//
+// Groups: a function may open an NCCL group (grouped()), and NcclPath may have one open around
+// it (a coalesced batch, issued at endCoalescing). Work that must follow the NCCL kernels on the
+// stream (copies out of a flat buffer) goes into `launch.after`: the launcher runs it once the
+// outermost group has ended, when the kernels are really enqueued.
 #pragma once
 
 #include "common/errors.hpp"
@@ -17,6 +27,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <chrono>
+#include <functional>
 #include <vector>
 
 namespace ddplite::nccl {
@@ -26,11 +38,37 @@ struct Launch {
   ncclComm_t comm;
   c10::cuda::CUDAStream stream;
   std::vector<at::Tensor>* scratch;  // owned by the Work; append buffers NCCL reads or writes
+  std::chrono::steady_clock::time_point deadline;  // for calls a nonblocking communicator answers ncclInProgress
+  std::vector<std::function<void()>>* after;       // stream work that must follow the NCCL kernels
+  std::function<bool()> abortRequested;            // stops a wait on ncclInProgress (NcclComm::Lease)
 };
 
-ncclDataType_t toNcclType(const OpContext& ctx, at::ScalarType dtype);
-// Throws ValueError for ops NCCL lacks (bitwise) or dtype/op pairs it refuses.
-void checkReduceOp(const OpContext& ctx, at::ScalarType dtype, const c10d::ReduceOp& op);
+// What NCCL moves for `tensor`: its elements in their own NCCL type, or its bytes as ncclUint8.
+struct Payload {
+  size_t count;
+  ncclDataType_t type;
+  size_t unitBytes;  // bytes per counted unit
+};
+Payload payloadOf(const at::Tensor& tensor);
+// What NCCL reduces for `tensor` (complex: the real view's elements). ValueError where NCCL cannot
+// reduce the dtype (bool has its own ops: see checkReduceOp).
+Payload reductionPayloadOf(const OpContext& ctx, const at::Tensor& tensor);
+// Throws ValueError for ops NCCL lacks (bitwise), dtype/op pairs it refuses, and float8 on a group
+// whose lowest compute capability (major * 10 + minor) is below 9.0.
+void checkReduceOp(const OpContext& ctx, at::ScalarType dtype, const c10d::ReduceOp& op, int minCompCap);
+
+// An NCCL group of this thread: start, and end (outermost end: waits out ncclInProgress on
+// `comms` up to launch.deadline). Depth counted per thread, as NCCL does.
+void groupStart(const Launch& launch);
+void groupEnd(const Launch& launch, const std::vector<ncclComm_t>& comms);
+// Closes this thread's group after an error of ours inside it: whatever NCCL has is launched
+// (NCCL drops a group's tasks only for its own errors), nothing is waited for; the caller fails
+// the process group, whose abort ends those kernels.
+void groupAbandon();
+bool insideGroup();
+// An NCCL call's result: DistBackendError on failure; outside a group, ncclInProgress (a
+// nonblocking communicator still connecting) is waited out up to launch.deadline.
+void checkIssued(const Launch& launch, const char* call, ncclResult_t result);
 
 void broadcast(const Launch& launch, at::Tensor& tensor, int root);
 void allreduce(const Launch& launch, at::Tensor& tensor, const c10d::ReduceOp& op);
@@ -61,12 +99,15 @@ void grouped(const Launch& launch, Body&& body);
 
 template <typename Body>
 void ddplite::nccl::grouped(const Launch& launch, Body&& body) {
-  DDPLITE_NCCL_CHECK(launch.ctx, launch.comm, ncclGroupStart());
+  groupStart(launch);
   try {
     body();
   } catch (...) {
-    ncclGroupEnd();  // close the group; the first error is the one reported
+    groupAbandon();  // the first error is the one reported
     throw;
   }
-  DDPLITE_NCCL_CHECK(launch.ctx, launch.comm, ncclGroupEnd());
+  groupEnd(launch, {launch.comm});
 }
+
+// Calls an NCCL function of an op being issued (see checkIssued).
+#define DDPLITE_NCCL_ISSUE(launch, call) ::ddplite::nccl::checkIssued((launch), #call, (call))

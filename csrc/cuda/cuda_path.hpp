@@ -37,6 +37,13 @@ struct CudaPathDeps {
   std::function<std::chrono::milliseconds(std::chrono::milliseconds)> resolveTimeout;  // opts.timeout -> effective
 };
 
+// A split group's CUDA state made from its parent's (opaque to the backend): NcclPath's holds the
+// communicators ncclCommSplit made.
+class CudaSplit {
+ public:
+  virtual ~CudaSplit() = default;
+};
+
 class CudaPath {
  public:
   virtual ~CudaPath() = default;
@@ -82,10 +89,32 @@ class CudaPath {
   // A one-element allreduce on `device`; its wait() blocks the host until every rank arrived.
   virtual c10::intrusive_ptr<c10d::Work> barrier(at::Device device, const c10d::BarrierOptions& opts) = 0;
 
+  // Collective: sets `device` up now (NCCL or staging, and its communicator) instead of on its
+  // first op; torch calls it when init_process_group is given device_id.
+  virtual void connect(at::Device device) = 0;
+
+  // split_group, collective over this (the parent) group: every rank calls it once per split, in
+  // the same order, with the sorted parent ranks of its new group (empty: in none, or refused).
+  // Returns what the new group's path adopts; null where nothing was split.
+  virtual std::unique_ptr<CudaSplit> split(const std::vector<int>& members) = 0;
+  // The new group's path, before its first op: takes over the split communicators.
+  virtual void adopt(std::unique_ptr<CudaSplit> split) = 0;
+
+  // Coalescing (backend/coalescing.hpp), on the thread that opened the group: the CUDA ops this
+  // thread issues between the two calls are issued at endCoalescing as one NCCL group
+  // (ncclGroupStart/ncclGroupEnd), so batch_isend_irecv's sends and receives cannot block each
+  // other. endCoalescing runs before the backend builds the group's Work; it raises if the group
+  // could not be issued (its ops' Works fail too).
+  virtual void startCoalescing() = 0;
+  virtual void endCoalescing() = 0;
+
   // abort(): fail pending CUDA work now and abort the communicators. shutdown(): let pending
-  // work finish (up to the group's timeout), then destroy them. Both idempotent.
+  // work finish (up to the group's timeout), then destroy them (destroy_process_group).
+  // abandon(): the group is destroyed without shutdown(): abort, as ProcessGroupNCCL's
+  // destructor does (rules::teardownFor). All idempotent.
   virtual void abort() = 0;
   virtual void shutdown() = 0;
+  virtual void abandon() = 0;
 };
 
 // The CUDA path of this build: NcclPath with NCCL compiled in; nullptr otherwise.

@@ -6,8 +6,14 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <thread>
 
 namespace ddplite::nccl {
 
@@ -40,52 +46,53 @@ bool multiRankGpuEnabled() {
 #endif
 }
 
-// "uuid|busId|0 or 1": what one rank publishes about its GPU.
-std::string encode(const DeviceIdentity& identity) {
-  return strCat(identity.uuid, "|", identity.busId, "|", identity.multiRankGpu ? 1 : 0);
-}
-
-DeviceIdentity decode(const std::string& text) {
-  const size_t first = text.find('|');
-  const size_t second = text.find('|', first + 1);
-  DDPLITE_ENFORCE(first != std::string::npos && second != std::string::npos, "bad device identity '", text, "'");
-  return DeviceIdentity{text.substr(0, first), text.substr(first + 1, second - first - 1), text.substr(second + 1) == "1"};
+// What NCCL's host hash covers: NCCL_HOSTID when set, else the host name and the boot id.
+std::string hostIdentity() {
+  if (const char* hostId = std::getenv("NCCL_HOSTID"); hostId != nullptr && hostId[0] != '\0') return hostId;
+  char name[256] = {0};
+  gethostname(name, sizeof(name) - 1);
+  std::string bootId;
+  std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), bootId);
+  return strCat(name, ":", bootId);
 }
 
 }  // namespace
 
-DeviceIdentity identify(at::Device device) {
+rules::GpuIdentity identify(at::Device device) {
   cudaDeviceProp properties{};
   checkCuda(cudaGetDeviceProperties(&properties, device.index()), "cudaGetDeviceProperties");
   char busId[64] = {0};
   checkCuda(cudaDeviceGetPCIBusId(busId, sizeof(busId), device.index()), "cudaDeviceGetPCIBusId");
-  return DeviceIdentity{hex(&properties.uuid, sizeof(properties.uuid)), busId, multiRankGpuEnabled()};
+  std::string bus(busId);
+  std::transform(bus.begin(), bus.end(), bus.begin(), [](unsigned char c) { return std::tolower(c); });
+  rules::GpuIdentity identity;
+  identity.host = hostIdentity();
+  identity.busId = bus;
+  identity.uuid = hex(&properties.uuid, sizeof(properties.uuid));
+  identity.ccMajor = properties.major;
+  identity.ccMinor = properties.minor;
+  identity.multiRankGpu = multiRankGpuEnabled();
+  return identity;
 }
 
-std::vector<DeviceIdentity> exchangeIdentities(Bootstrap& bootstrap, const std::string& key, int rank, int size,
-                                               const DeviceIdentity& mine) {
-  std::vector<DeviceIdentity> all;
+std::vector<rules::GpuIdentity> exchangeIdentities(Bootstrap& bootstrap, int ordinal, int rank, int size,
+                                                   const rules::GpuIdentity& mine) {
+  std::vector<rules::GpuIdentity> all;
   all.reserve(size);
   for (int root = 0; root < size; ++root) {
-    all.push_back(decode(bootstrap.broadcast(strCat(key, "/rank", root), encode(mine), root)));
+    const std::string text = bootstrap.broadcast(rules::identityKey(ordinal, root), rules::encodeIdentity(mine), root);
+    try {
+      all.push_back(rules::decodeIdentity(text));
+    } catch (const std::invalid_argument& error) {
+      DDPLITE_ENFORCE(false, error.what(), " from rank ", root, " (rank ", rank, " of ", size, ")");
+    }
   }
   return all;
 }
 
-std::string describeSharedGpu(const std::vector<DeviceIdentity>& identities) {
-  for (size_t a = 0; a < identities.size(); ++a) {
-    for (size_t b = a + 1; b < identities.size(); ++b) {
-      if (identities[a].uuid == identities[b].uuid) {
-        return strCat("ranks ", a, " and ", b, " are both on GPU ", identities[a].uuid, " (PCI bus ",
-                      identities[a].busId, ")");
-      }
-    }
-  }
-  return "";
-}
-
 std::unique_ptr<NcclComm> NcclComm::create(Bootstrap& bootstrap, const std::string& key, const OpContext& ctx,
-                                           at::Device device) {
+                                           at::Device device, std::chrono::steady_clock::time_point deadline,
+                                           const std::function<bool()>& cancelled) {
   checkLoadedVersion(ctx);
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
@@ -96,17 +103,86 @@ std::unique_ptr<NcclComm> NcclComm::create(Bootstrap& bootstrap, const std::stri
 
   c10::cuda::CUDAGuard guard(device);
   ncclComm_t comm = nullptr;
+#if DDPLITE_NCCL_HAS_NONBLOCKING
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // every later call on it may answer ncclInProgress: see waitWhileInProgress
+  const ncclResult_t started = ncclCommInitRankConfig(&comm, ctx.size, id, ctx.rank, &config);
+  try {
+    check(ctx, "ncclCommInitRankConfig", started, comm);
+    waitWhileInProgress(ctx, "ncclCommInitRankConfig", comm, deadline, cancelled);
+  } catch (...) {
+    if (comm != nullptr) ncclCommAbort(comm);  // stops its set-up threads; the error says why
+    throw;
+  }
+#else
+  (void)deadline, (void)cancelled;  // set-up blocks in NCCL with no deadline of ours (NCCL < 2.14; docs/gpu.md)
   DDPLITE_NCCL_CHECK(ctx, nullptr, ncclCommInitRank(&comm, ctx.size, id, ctx.rank));
+#endif
   DDPLITE_LOG(kInfo, ctx.describe(), ": NCCL communicator ready on ", device, " (", bootstrap.name(), " bootstrap, NCCL ",
               versionText(loadedVersion()), ")");
   return std::unique_ptr<NcclComm>(new NcclComm(comm, device));
 }
 
+std::unique_ptr<NcclComm> NcclComm::split(NcclComm& parent, int color, int key, const OpContext& ctx,
+                                          std::chrono::steady_clock::time_point deadline) {
+#if DDPLITE_NCCL_HAS_SPLIT
+  Lease lease(parent);  // exclusive use of the parent's handle while NCCL splits it
+  if (lease.comm() == nullptr) {
+    throwDistError(ctx, "the parent group's NCCL communicator was aborted, so it cannot be split",
+                   "destroy the parent group and create a new one");
+  }
+  c10::cuda::CUDAGuard guard(parent.device());
+  ncclComm_t child = nullptr;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const ncclResult_t started = ncclCommSplit(lease.comm(), color, key, &child, &config);
+  const auto cancelled = [&lease] { return lease.abortRequested(); };
+  try {
+    check(ctx, "ncclCommSplit", started, lease.comm());
+    // A nonblocking split finishes in the background: the parent's state says when (a rank
+    // that passed NCCL_SPLIT_NOCOLOR has no child to ask), then the child's.
+    waitWhileInProgress(ctx, "ncclCommSplit", lease.comm(), deadline, cancelled);
+    if (child != nullptr) waitWhileInProgress(ctx, "ncclCommSplit", child, deadline, cancelled);
+  } catch (...) {
+    if (child != nullptr) ncclCommAbort(child);
+    throw;
+  }
+  if (child == nullptr) return nullptr;
+  DDPLITE_LOG(kInfo, ctx.describe(), ": NCCL communicator split from the parent group's on ", parent.device(),
+              " (color ", color, ", key ", key, ")");
+  return std::unique_ptr<NcclComm>(new NcclComm(child, parent.device()));
+#else
+  (void)parent, (void)color, (void)key, (void)ctx, (void)deadline;
+  return nullptr;  // NCCL < 2.18: the new group makes its own communicator on its first op
+#endif
+}
+
 NcclComm::~NcclComm() {
   std::lock_guard<std::timed_mutex> lock(mutex_);  // no Lease outlives the owner; wait out a late abort()
-  if (!aborted_.load() && comm_ != nullptr) {
-    ncclCommDestroy(comm_);  // errors at teardown have no one left to report to
+  if (aborted_.load() || comm_ == nullptr) return;
+  // Errors at teardown have no one left to report to.
+#if DDPLITE_NCCL_HAS_NONBLOCKING
+  const ncclResult_t finalizing = ncclCommFinalize(comm_);
+  bool settled = finalizing == ncclSuccess || finalizing == ncclInProgress;
+  if (settled && finalizing == ncclInProgress) {
+    const rules::PollResult polled = rules::pollWhileInProgress(
+        [this] {
+          ncclResult_t state = ncclSuccess;
+          const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
+          return static_cast<int>(asked != ncclSuccess ? asked : state);
+        },
+        ncclInProgress, ncclSuccess, [] { return std::chrono::steady_clock::now(); },
+        std::chrono::steady_clock::now() + kFinalizeWait, [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+    settled = polled.outcome == rules::PollOutcome::kDone;
   }
+  if (settled) {
+    ncclCommDestroy(comm_);
+  } else {
+    ncclCommAbort(comm_);
+  }
+#else
+  ncclCommDestroy(comm_);
+#endif
 }
 
 ncclResult_t NcclComm::asyncError(std::string& detail) {

@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,29 +35,32 @@
 
 namespace ddplite::nccl {
 
-// One rank's GPU, as exchanged before NCCL init to find ranks that share a GPU.
-struct DeviceIdentity {
-  std::string uuid;   // cudaDeviceProp::uuid in hex: equal iff the same physical GPU
-  std::string busId;  // PCI bus id, for messages
-  bool multiRankGpu;  // this rank's NCCL can put several ranks on one GPU (NCCL >= 2.30 + env)
-};
+// This rank's GPU (rules::GpuIdentity): host as NCCL hashes it, bus id, UUID, compute capability.
+rules::GpuIdentity identify(at::Device device);
 
-DeviceIdentity identify(at::Device device);
-
-// Collective over the group (Bootstrap broadcasts, one per rank): every rank's identity.
-std::vector<DeviceIdentity> exchangeIdentities(Bootstrap& bootstrap, const std::string& key, int rank, int size,
-                                               const DeviceIdentity& mine);
-
-// The first pair of ranks on one GPU, as "ranks 0 and 1 are both on GPU <uuid> (bus <id>)"; "" if none.
-std::string describeSharedGpu(const std::vector<DeviceIdentity>& identities);
+// Collective over the group (Bootstrap broadcasts, one per rank, under rules::identityKey):
+// every rank's identity.
+std::vector<rules::GpuIdentity> exchangeIdentities(Bootstrap& bootstrap, int ordinal, int rank, int size,
+                                                   const rules::GpuIdentity& mine);
 
 class NcclComm {
  public:
   // Collective: rank 0 makes the unique id (ncclGetUniqueId), `bootstrap` carries it under
-  // `key` (same on every rank, unique within the group), then ncclCommInitRank on `device`.
+  // `key` (same on every rank, rules::uniqueIdKey), then the communicator is created on `device`:
+  // nonblocking where NCCL has it (ncclCommInitRankConfig, blocking = 0), polled until ready or
+  // `deadline` (then aborted, and DistBackendError), so a rank that never comes cannot hang it.
+  // `cancelled()`: the group was aborted or shut down meanwhile; set-up stops and raises.
   static std::unique_ptr<NcclComm> create(Bootstrap& bootstrap, const std::string& key, const OpContext& ctx,
-                                          at::Device device);
-  ~NcclComm();  // ncclCommDestroy, unless aborted
+                                          at::Device device, std::chrono::steady_clock::time_point deadline,
+                                          const std::function<bool()>& cancelled);
+  // Collective over `parent`'s ranks (ncclCommSplit, nonblocking, polled up to `deadline`): the
+  // communicator of this rank's new group, or nullptr for `color` NCCL_SPLIT_NOCOLOR.
+  static std::unique_ptr<NcclComm> split(NcclComm& parent, int color, int key, const OpContext& ctx,
+                                         std::chrono::steady_clock::time_point deadline);
+  // ncclCommFinalize (polled up to kFinalizeWait) and ncclCommDestroy; ncclCommAbort when it does
+  // not settle in time. Nothing when aborted.
+  ~NcclComm();
+  static constexpr std::chrono::milliseconds kFinalizeWait{10000};
 
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -69,6 +73,8 @@ class NcclComm {
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
     ncclComm_t comm() const { return owner_.aborted_.load() ? nullptr : owner_.comm_; }
+    // An abort() came while this Lease was held (it is performed when the Lease is released).
+    bool abortRequested() const { return owner_.abortRequested_.load(); }
 
    private:
     NcclComm& owner_;

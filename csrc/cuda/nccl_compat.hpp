@@ -5,6 +5,8 @@
 // (DDPLITE_WITH_NCCL=1).
 #pragma once
 
+#include "cuda/rules/nccl_rules.hpp"
+
 #include <nccl.h>
 
 #ifndef NCCL_VERSION_CODE
@@ -34,14 +36,26 @@
 #define DDPLITE_NCCL_HAS_MULTI_RANK_GPU 0
 #endif
 
+// Nonblocking communicators: ncclConfig_t with blocking = 0, ncclCommInitRankConfig and
+// ncclCommFinalize. Before it, set-up blocks the host with no deadline of ours.
+#if DDPLITE_NCCL_AT_LEAST(2, 14)
+#define DDPLITE_NCCL_HAS_NONBLOCKING 1
+#else
+#define DDPLITE_NCCL_HAS_NONBLOCKING 0
+#endif
+
+// ncclCommSplit (split_group makes the new group's communicators from the parent's).
+#if DDPLITE_NCCL_AT_LEAST(2, 18)
+#define DDPLITE_NCCL_HAS_SPLIT 1
+#else
+#define DDPLITE_NCCL_HAS_SPLIT 0
+#endif
+
 namespace ddplite::nccl {
 
+using rules::Version;
+
 // NCCL's own version encoding changed at 2.9 (see NCCL_VERSION in nccl.h); these decode both.
-struct Version {
-  int major = 0;
-  int minor = 0;
-  int patch = 0;
-};
 
 inline Version decodeVersion(int code) {
   if (code < 10000) {  // 2.8 and older: X*1000 + Y*100 + Z

@@ -1,5 +1,7 @@
 #include "cuda/nccl_errors.hpp"
 
+#include <thread>
+
 namespace ddplite::nccl {
 
 namespace {
@@ -72,6 +74,36 @@ std::string describeFailure(const char* call, ncclResult_t result, ncclComm_t co
   return strCat(call, ": ", ncclGetErrorString(result), " (", resultName(result), ", ", static_cast<int>(result), ")",
                 (last != nullptr && last[0] != '\0') ? strCat("; NCCL says: ", last) : std::string(),
                 "; NCCL ", versionText(compiledVersion()), " compiled, ", versionText(loadedVersion()), " loaded");
+}
+
+void waitWhileInProgress(const OpContext& ctx, const char* call, ncclComm_t comm,
+                         std::chrono::steady_clock::time_point deadline, const std::function<bool()>& cancelled) {
+  const auto started = std::chrono::steady_clock::now();
+  const rules::PollResult result = rules::pollWhileInProgress(
+      [comm] {
+        ncclResult_t state = ncclSuccess;
+        const ncclResult_t asked = ncclCommGetAsyncError(comm, &state);
+        return static_cast<int>(asked != ncclSuccess ? asked : state);
+      },
+      ncclInProgress, ncclSuccess, [] { return std::chrono::steady_clock::now(); }, deadline,
+      [] { std::this_thread::sleep_for(std::chrono::microseconds(100)); }, cancelled);
+  if (result.outcome == rules::PollOutcome::kDone) return;
+  if (result.outcome == rules::PollOutcome::kCancelled) {
+    throwDistError(ctx, strCat("the communicator was aborted while ", call, " was still in progress"),
+                   "the group failed or abort() was called; the first error names the cause");
+  }
+  if (result.outcome == rules::PollOutcome::kFailed) {
+    const auto code = static_cast<ncclResult_t>(result.lastCode);
+    throwDistError(ctx, describeFailure(call, code, comm), hintFor(code));
+  }
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+  throwDistError(ctx,
+                 strCat("Timed out after ", waited.count(), " ms waiting for ", call,
+                        " to finish: NCCL was still setting up or connecting (ncclInProgress) when the op's timeout "
+                        "ran out"),
+                 "a rank did not reach this set-up or collective: check that every rank is alive and issued the same "
+                 "ops, and that the GPUs can reach each other (NCCL_DEBUG=INFO); raise "
+                 "init_process_group(timeout=...) if set-up is just slow");
 }
 
 void check(const OpContext& ctx, const char* call, ncclResult_t result, ncclComm_t comm) {

@@ -9,6 +9,8 @@
 #include "common/errors.hpp"
 #include "cuda/nccl_compat.hpp"
 
+#include <chrono>
+#include <functional>
 #include <string>
 
 namespace ddplite::nccl {
@@ -28,6 +30,14 @@ const char* hintFor(ncclResult_t result);
 
 // Throws DistBackendError for anything but ncclSuccess (and ncclInProgress).
 void check(const OpContext& ctx, const char* call, ncclResult_t result, ncclComm_t comm);
+
+// A nonblocking communicator's set-up or operation still running (`call` returned ncclInProgress):
+// polls ncclCommGetAsyncError (rules::pollWhileInProgress) until it settles or `deadline`.
+// DistBackendError when it fails, the deadline passes, or `cancelled()` says an abort was
+// requested meanwhile; the caller then aborts the communicator. Any thread; the caller holds the
+// communicator's Lease (or owns it during set-up).
+void waitWhileInProgress(const OpContext& ctx, const char* call, ncclComm_t comm,
+                         std::chrono::steady_clock::time_point deadline, const std::function<bool()>& cancelled = {});
 
 }  // namespace ddplite::nccl
 

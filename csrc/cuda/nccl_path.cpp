@@ -4,6 +4,9 @@
 #include "common/logging.hpp"
 
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAException.h>
+
+#include <algorithm>
 
 namespace ddplite {
 
@@ -14,6 +17,15 @@ std::unique_ptr<CudaPath> createCudaPath(const CudaPathDeps& deps) {
 namespace nccl {
 
 namespace {
+
+// A deferred op that will never be issued: its Work fails (future and WorkResult included).
+void failNeverIssued(NcclWork& work, const OpContext& ctx, const char* why, const char* hint) {
+  try {
+    throwDistError(ctx, why, hint);
+  } catch (...) {
+    work.markFailed(std::current_exception());
+  }
+}
 
 using c10d::OpType;
 
@@ -36,7 +48,7 @@ std::string whyStaged(const std::string& sharedGpu) {
 NcclPath::NcclPath(const CudaPathDeps& deps) : deps_(deps), staged_(deps) {}
 
 NcclPath::~NcclPath() {
-  shutdown();
+  teardown(rules::TeardownCause::kDestructor);
 }
 
 OpContext NcclPath::peekContext(const char* op) const {
@@ -59,23 +71,36 @@ NcclPath::DeviceState& NcclPath::stateFor(const char* op, at::Device device) {
     state.staged = true;
     staged_.setReason("DDPLITE_CUDA_STAGING=always");
   } else {
-    const auto identities = exchangeIdentities(deps_.bootstrap, strCat("nccl/device", ordinal), deps_.rank, deps_.size,
-                                               identify(device));
-    const std::string sharedGpu = describeSharedGpu(identities);
-    bool everyRankMultiRank = true;
-    for (const auto& identity : identities) everyRankMultiRank = everyRankMultiRank && identity.multiRankGpu;
-    if (!sharedGpu.empty() && !everyRankMultiRank) {
+    state.identities = exchangeIdentities(deps_.bootstrap, ordinal, deps_.rank, deps_.size, identify(device));
+    state.minCompCap = rules::minComputeCapability(state.identities);
+    const rules::SharedGpuDecision shared = rules::sharedGpu(state.identities);
+    if (!shared.ncclServes) {
       if (staging == env::CudaStaging::kNever) {
-        throwDistError(ctx, strCat("NCCL cannot serve this group: ", whyStaged(sharedGpu)),
+        throwDistError(ctx, strCat("NCCL cannot serve this group: ", whyStaged(shared.sharedGpu)),
                        "give each rank its own GPU (torch.cuda.set_device(local_rank); check CUDA_VISIBLE_DEVICES), "
                        "or unset DDPLITE_CUDA_STAGING to run such groups through host memory");
       }
       state.staged = true;
-      staged_.setReason(whyStaged(sharedGpu));
+      staged_.setReason(whyStaged(shared.sharedGpu));
     }
   }
-  if (!state.staged) createCommunicator(ctx, device, state, ordinal);
+  if (!state.staged) {
+    try {
+      createCommunicator(ctx, device, state, ordinal);
+    } catch (const std::exception& error) {
+      // The ranks' set-up keys no longer pair (this rank's ordinal moved on): nothing more can
+      // be set up in this group.
+      std::lock_guard<std::mutex> broken(brokenMutex_);
+      if (brokenReason_.empty()) brokenReason_ = strCat("NCCL communicator set-up on ", device, " failed");
+      throw;
+    }
+  }
   return devices_.emplace(device.index(), std::move(state)).first->second;
+}
+
+void NcclPath::connect(at::Device requested) {
+  // "cuda" without an index means the current device, as for barrier().
+  stateFor("eager_connect", requested.has_index() ? requested : at::Device(at::kCUDA, c10::cuda::current_device()));
 }
 
 bool NcclPath::knownStaged(at::Device device) {
@@ -86,16 +111,79 @@ bool NcclPath::knownStaged(at::Device device) {
 }
 
 void NcclPath::createCommunicator(const OpContext& ctx, at::Device device, DeviceState& state, int ordinal) {
-  state.comm = NcclComm::create(deps_.bootstrap, strCat("nccl/uid", ordinal), ctx, device);
+  const auto deadline = std::chrono::steady_clock::now() + deps_.resolveTimeout(std::chrono::milliseconds(-1));
+  state.comm = NcclComm::create(deps_.bootstrap, rules::uniqueIdKey(ordinal), ctx, device, deadline, [this] {
+    std::lock_guard<std::mutex> lock(brokenMutex_);
+    return closed_.load() || !brokenReason_.empty();  // shut down or aborted meanwhile
+  });
+  watchCommunicator(state, device);
+}
+
+void NcclPath::watchCommunicator(DeviceState& state, at::Device device) {
   state.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
   {
     std::lock_guard<std::mutex> lock(commsMutex_);
     comms_.push_back(state.comm.get());
   }
+  std::lock_guard<std::mutex> lock(watchdogMutex_);
   if (!watchdog_) {
-    watchdog_ = std::make_unique<NcclWatchdog>(device, [this] { return checkComms(); },
+    watchdog_ = std::make_shared<NcclWatchdog>(device, [this] { return checkComms(); },
                                                [this](const WatchdogFailure& failure) { failGroup(failure); });
   }
+}
+
+namespace {
+struct NcclSplit final : CudaSplit {
+  struct Device {
+    std::unique_ptr<NcclComm> comm;
+    int minCompCap;
+  };
+  std::map<int, Device> devices;  // by device index
+};
+}  // namespace
+
+std::unique_ptr<CudaSplit> NcclPath::split(const std::vector<int>& members) {
+  const rules::SplitArgs args = rules::splitArgs(members, deps_.rank, NCCL_SPLIT_NOCOLOR);
+  auto made = std::make_unique<NcclSplit>();
+  // Every rank walks its devices with a communicator in index order; each rank has the same
+  // number of them (their set-up was collective), which is what pairs the ranks' splits.
+  std::lock_guard<std::mutex> order(deps_.orderMutex);
+  std::lock_guard<std::mutex> init(initMutex_);
+  const OpContext ctx{deps_.rank, deps_.size, "split_group", deps_.seq.load()};
+  throwIfBroken(ctx);
+  const auto deadline = std::chrono::steady_clock::now() + deps_.resolveTimeout(std::chrono::milliseconds(-1));
+  for (auto& [index, state] : devices_) {
+    if (state.staged || !state.comm) continue;
+    std::unique_ptr<NcclComm> child = NcclComm::split(*state.comm, args.color, args.key, ctx, deadline);
+    if (!child) continue;
+    std::vector<rules::GpuIdentity> mine;
+    for (int member : members) {
+      if (member < static_cast<int>(state.identities.size())) mine.push_back(state.identities[member]);
+    }
+    made->devices[index] = NcclSplit::Device{std::move(child), mine.empty() ? state.minCompCap
+                                                                             : rules::minComputeCapability(mine)};
+  }
+  if (made->devices.empty()) return nullptr;
+  return made;
+}
+
+void NcclPath::adopt(std::unique_ptr<CudaSplit> split) {
+  auto* made = dynamic_cast<NcclSplit*>(split.get());
+  if (made == nullptr) return;
+  std::lock_guard<std::mutex> lock(initMutex_);
+  for (auto& [index, device] : made->devices) {
+    DeviceState state;
+    state.comm = std::move(device.comm);
+    state.minCompCap = device.minCompCap;
+    watchCommunicator(state, at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)));
+    devices_.emplace(index, std::move(state));
+    ++devicesSeen_;  // as if made here: the next device's keys stay paired across the ranks
+  }
+}
+
+std::shared_ptr<NcclWatchdog> NcclPath::currentWatchdog() {
+  std::lock_guard<std::mutex> lock(watchdogMutex_);
+  return watchdog_;
 }
 
 WatchdogFailure NcclPath::checkComms() {
@@ -123,7 +211,7 @@ void NcclPath::failGroup(const WatchdogFailure& failure) {
     std::lock_guard<std::mutex> lock(commsMutex_);
     for (NcclComm* comm : comms_) comm->abort();
   }
-  if (watchdog_) watchdog_->failAll(failure);
+  if (auto watchdog = currentWatchdog()) watchdog->failAll(failure);
 }
 
 void NcclPath::throwIfBroken(const OpContext& ctx) {
@@ -139,21 +227,62 @@ void NcclPath::throwIfBroken(const OpContext& ctx) {
 }
 
 void NcclPath::abort() {
-  if (watchdog_) watchdog_->stop();  // no poll may race with the abort below
+  // The communicators are aborted and pending work fails; the watchdog keeps running to release
+  // the failed works' tensors once their kernels have exited. shutdown()/the destructor close.
   failGroup(WatchdogFailure{strCat("abort() was called on rank ", deps_.rank),
                             "abort() or shutdown() was called on this process group"});
 }
 
 void NcclPath::shutdown() {
+  teardown(rules::TeardownCause::kShutdown);
+}
+
+void NcclPath::abandon() {
+  teardown(rules::TeardownCause::kDestructor);
+}
+
+void NcclPath::teardown(rules::TeardownCause cause) {
   if (closed_.exchange(true)) return;
-  if (watchdog_) {
-    const auto deadline = std::chrono::steady_clock::now() + deps_.resolveTimeout(std::chrono::milliseconds(-1));
-    if (!watchdog_->drain(deadline)) {
-      watchdog_->stop();
-      failGroup(WatchdogFailure{"shutdown() gave up waiting for CUDA collectives still running after the group's timeout",
-                                "a peer did not reach them; call abort() to stop at once"});
+  bool broken = false;
+  {
+    std::lock_guard<std::mutex> lock(brokenMutex_);
+    broken = !brokenReason_.empty();
+  }
+  const rules::Teardown plan = rules::teardownFor(cause, broken);
+  auto watchdog = currentWatchdog();
+  if (plan == rules::Teardown::kAbort && !broken && watchdog) {
+    // First, so that a launch waiting in NCCL (ncclInProgress) sees the abort and lets go of the
+    // order mutex taken below.
+    if (cause == rules::TeardownCause::kDestructor) {
+      DDPLITE_LOG(kWarn, "rank ", deps_.rank, "/", deps_.size, ": a ddplite process group with NCCL communicators "
+                  "was destroyed without destroy_process_group(); its communicators are aborted, and CUDA work it "
+                  "still had queued fails. Call torch.distributed.destroy_process_group() before exiting.");
     }
-    watchdog_->stop();
+    failGroup(WatchdogFailure{
+        cause == rules::TeardownCause::kDestructor
+            ? strCat("the process group was destroyed on rank ", deps_.rank, " without destroy_process_group()")
+            : strCat("abort() was called on rank ", deps_.rank),
+        "call torch.distributed.destroy_process_group() to let queued work finish first"});
+  }
+  std::vector<Deferred> dropped;
+  {
+    std::lock_guard<std::mutex> order(deps_.orderMutex);
+    dropped.swap(deferred_);  // a coalesced group never ended: its ops were never issued
+    groupOwner_.reset();
+  }
+  for (auto& op : dropped) {
+    failNeverIssued(*op.work, op.ctx, "the process group was closed with this op's coalesced group still open, so it "
+                    "was never issued", "end the coalescing manager before destroying the group");
+  }
+  if (watchdog) {
+    if (plan == rules::Teardown::kDrainThenDestroy) {
+      const auto deadline = std::chrono::steady_clock::now() + deps_.resolveTimeout(std::chrono::milliseconds(-1));
+      if (!watchdog->drain(deadline)) {
+        failGroup(WatchdogFailure{"shutdown() gave up waiting for CUDA collectives still running after the group's "
+                                  "timeout", "a peer did not reach them; call abort() to stop at once"});
+      }
+    }
+    watchdog->stop();  // waits (bounded) for failed works' kernels before their tensors are freed
   }
   {
     std::lock_guard<std::mutex> lock(brokenMutex_);
@@ -164,7 +293,7 @@ void NcclPath::shutdown() {
     comms_.clear();
   }
   std::lock_guard<std::mutex> lock(initMutex_);
-  devices_.clear();  // ncclCommDestroy for communicators not aborted
+  devices_.clear();  // NcclComm's destructor: finalize and destroy what was not aborted
 }
 
 // ---- launching ---------------------------------------------------------------------------
@@ -182,29 +311,101 @@ void NcclPath::requireDirect(const OpContext& ctx, const std::vector<at::Tensor>
   }
 }
 
-c10::intrusive_ptr<c10d::Work> NcclPath::launch(DeviceState& state, Call call,
-                                                const std::function<void(const Launch&)>& body) {
+namespace {
+
+bool isCapturing(const c10::cuda::CUDAStream& stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+void runAfter(std::vector<std::function<void()>>& steps) {
+  for (auto& step : steps) step();
+  steps.clear();
+}
+
+}  // namespace
+
+void NcclPath::startCoalescing() {
+  std::vector<Deferred> dropped;
+  {
+    std::lock_guard<std::mutex> order(deps_.orderMutex);
+    // The previous window never ended (its _coalescing_manager body raised): its ops were never
+    // issued, on any rank that raised alike. They fail rather than complete unnoticed.
+    dropped.swap(deferred_);
+    groupOwner_ = std::this_thread::get_id();
+  }
+  for (auto& op : dropped) {  // outside the lock: callbacks of their futures may issue ops
+    failNeverIssued(*op.work, op.ctx, "this op's coalesced group was never ended, so it was never issued",
+                    "the coalescing manager's body raised: fix that error");
+  }
+}
+
+void NcclPath::endCoalescing() {
+  // Any thread may end the group (as the collector allows): NCCL's group is opened and closed on
+  // this thread inside issueGroup.
+  std::lock_guard<std::mutex> order(deps_.orderMutex);
+  if (!groupOwner_) return;
+  issueOpenGroup(/*close=*/true);
+}
+
+bool NcclPath::joinsOpenGroup() {
+  return groupOwner_ && *groupOwner_ == std::this_thread::get_id();
+}
+
+void NcclPath::issueOpenGroup(bool close) {
+  std::vector<Deferred> ops;
+  ops.swap(deferred_);
+  if (close) groupOwner_.reset();
+  issueGroup(std::move(ops));
+}
+
+void NcclPath::track(const c10::intrusive_ptr<NcclWork>& work, bool capturing) {
+  if (capturing) return;  // no event queries inside a graph capture; the Work keeps its tensors
+  currentWatchdog()->watch(work);
+}
+
+c10::intrusive_ptr<c10d::Work> NcclPath::launch(DeviceState& state, Call call, std::function<void(const Launch&)> body) {
   std::lock_guard<std::mutex> lock(deps_.orderMutex);
+  const bool inGroup = joinsOpenGroup();
+  if (inGroup && call.barrier) issueOpenGroup(/*close=*/false);  // its wait() blocks the host: nothing may stay deferred
   // send/recv keep the number the backend gave them; collectives take the next group number.
   const OpContext ctx = call.p2p ? *call.p2p : OpContext{deps_.rank, deps_.size, call.op, deps_.seq.load() + 1};
   throwIfBroken(ctx);
 
   c10::cuda::CUDAGuard deviceGuard(call.device);
   const c10::cuda::CUDAStream ncclStream = *state.stream;
-  auto work = c10::make_intrusive<NcclWork>(ctx, call.type, call.device, call.outputs,
-                                            deps_.resolveTimeout(call.timeout), call.barrier);
-  work->waitForCaller(c10::cuda::getCurrentCUDAStream(call.device.index()), ncclStream);
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(call.device.index());
+  const bool capturing = isCapturing(current);
+  const auto timeout = deps_.resolveTimeout(call.timeout);
+  auto work = c10::make_intrusive<NcclWork>(ctx, call.type, call.device, call.outputs, timeout, call.barrier);
+  work->waitForCaller(current, ncclStream);
+  if (inGroup && !call.barrier) {
+    if (!call.p2p) deps_.seq = ctx.seq;
+    deferred_.push_back(Deferred{&state, std::move(call), ctx, std::move(body), work, capturing});
+    return work;
+  }
   std::vector<at::Tensor> scratch;
-  issue(state, ctx, ncclStream, body, scratch);
+  try {
+    issue(state, ctx, ncclStream, body, scratch, std::chrono::steady_clock::now() + timeout);
+  } catch (...) {
+    // The group is failed (issue()), but NCCL may hold part of the op: the Work keeps the tensors
+    // until what is queued has run, and fails at once in watch() (the failure sticks).
+    work->recordEnd(ncclStream);
+    work->stash(concat(concat(call.keepAlive, call.outputs), scratch));
+    track(work, capturing);
+    throw;
+  }
   work->stash(concat(concat(call.keepAlive, call.outputs), scratch));
   work->markLaunched(ncclStream);
   if (!call.p2p) deps_.seq = ctx.seq;
-  watchdog_->watch(work);
+  track(work, capturing);
   return work;
 }
 
 void NcclPath::issue(DeviceState& state, const OpContext& ctx, const c10::cuda::CUDAStream& stream,
-                     const std::function<void(const Launch&)>& body, std::vector<at::Tensor>& scratch) {
+                     const std::function<void(const Launch&)>& body, std::vector<at::Tensor>& scratch,
+                     std::chrono::steady_clock::time_point deadline) {
   std::exception_ptr failure;
   std::string what;
   {
@@ -215,7 +416,9 @@ void NcclPath::issue(DeviceState& state, const OpContext& ctx, const c10::cuda::
     }
     try {
       c10::cuda::CUDAStreamGuard streamGuard(stream);
-      body(Launch{ctx, lease.comm(), stream, &scratch});
+      std::vector<std::function<void()>> after;
+      body(Launch{ctx, lease.comm(), stream, &scratch, deadline, &after, [&lease] { return lease.abortRequested(); }});
+      runAfter(after);
     } catch (const c10::Error& error) {  // DistBackendError from an NCCL call, ValueError, CUDA errors
       what = error.what_without_backtrace();
       failure = std::current_exception();
@@ -231,6 +434,91 @@ void NcclPath::issue(DeviceState& state, const OpContext& ctx, const c10::cuda::
   std::rethrow_exception(failure);
 }
 
+// With deps_.orderMutex held. Every communicator the ops use is leased (in device order) for the
+// whole group: an abort meanwhile waits, or is performed when the leases are released.
+void NcclPath::issueGroup(std::vector<Deferred> ops) {
+  if (ops.empty()) return;
+  std::map<int, DeviceState*> byDevice;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  for (const auto& op : ops) {
+    byDevice[op.call.device.index()] = op.state;
+    deadline = std::min(deadline, std::chrono::steady_clock::now() + op.work->timeout());
+  }
+  std::vector<std::vector<at::Tensor>> scratch(ops.size());
+  std::exception_ptr failure;
+  std::string what;
+  {
+    std::vector<std::unique_ptr<NcclComm::Lease>> leases;
+    std::map<int, ncclComm_t> commOf;
+    std::vector<ncclComm_t> comms;
+    try {
+      for (auto& [index, state] : byDevice) {
+        leases.push_back(std::make_unique<NcclComm::Lease>(*state->comm));
+        if (leases.back()->comm() == nullptr) {
+          throwIfBroken(ops.front().ctx);
+          throwDistError(ops.front().ctx, "the NCCL communicator was aborted", "destroy this group and create a new one");
+        }
+        commOf[index] = leases.back()->comm();
+        comms.push_back(leases.back()->comm());
+      }
+      const Deferred& first = ops.front();
+      std::vector<std::vector<std::function<void()>>> after(ops.size());
+      const auto abortRequested = [&leases] {
+        return std::any_of(leases.begin(), leases.end(), [](const auto& lease) { return lease->abortRequested(); });
+      };
+      const Launch outer{first.ctx, commOf[first.call.device.index()], *first.state->stream, &scratch[0], deadline,
+                         &after[0], abortRequested};
+      groupStart(outer);
+      try {
+        for (size_t i = 0; i < ops.size(); ++i) {
+          c10::cuda::CUDAGuard deviceGuard(ops[i].call.device);
+          c10::cuda::CUDAStreamGuard streamGuard(*ops[i].state->stream);
+          ops[i].body(Launch{ops[i].ctx, commOf[ops[i].call.device.index()], *ops[i].state->stream, &scratch[i],
+                             deadline, &after[i], abortRequested});
+        }
+      } catch (...) {
+        groupAbandon();
+        throw;
+      }
+      groupEnd(outer, comms);  // the kernels are enqueued now
+      for (size_t i = 0; i < ops.size(); ++i) {
+        c10::cuda::CUDAGuard deviceGuard(ops[i].call.device);
+        c10::cuda::CUDAStreamGuard streamGuard(*ops[i].state->stream);
+        runAfter(after[i]);
+      }
+    } catch (const c10::Error& error) {
+      what = error.what_without_backtrace();
+      failure = std::current_exception();
+    } catch (const std::exception& error) {
+      what = error.what();
+      failure = std::current_exception();
+    }
+  }  // leases released
+  if (failure) {
+    const Deferred& first = ops.front();
+    failGroup(WatchdogFailure{strCat("a coalesced group of ", ops.size(), " ops (", first.ctx.op, " #", first.ctx.seq,
+                                     " first) failed while it was being issued: [", what,
+                                     "]; the NCCL communicators were aborted"),
+                              "fix the first failure; then destroy this group and create a new one"});
+    // As in launch(): each Work keeps its tensors until what NCCL has of the group has run, and
+    // fails at once in watch().
+    for (size_t i = 0; i < ops.size(); ++i) {
+      c10::cuda::CUDAGuard deviceGuard(ops[i].call.device);
+      ops[i].work->recordEnd(*ops[i].state->stream);
+      ops[i].work->stash(concat(concat(ops[i].call.keepAlive, ops[i].call.outputs), scratch[i]));
+      track(ops[i].work, ops[i].capturing);
+    }
+    std::rethrow_exception(failure);
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    Deferred& op = ops[i];
+    c10::cuda::CUDAGuard deviceGuard(op.call.device);
+    op.work->stash(concat(concat(op.call.keepAlive, op.call.outputs), scratch[i]));
+    op.work->markLaunched(*op.state->stream);
+    track(op.work, op.capturing);
+  }
+}
+
 // ---- collectives -------------------------------------------------------------------------
 
 c10::intrusive_ptr<c10d::Work> NcclPath::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
@@ -239,10 +527,9 @@ c10::intrusive_ptr<c10d::Work> NcclPath::broadcast(std::vector<at::Tensor>& tens
   if (state.staged) return staged_.broadcast(tensors, opts);
   const OpContext ctx = peekContext("broadcast");
   requireDirect(ctx, {tensor}, tensor.device());
-  toNcclType(ctx, tensor.scalar_type());
   const int root = static_cast<int>(opts.rootRank);
   return launch(state, Call{"broadcast", OpType::BROADCAST, tensor.device(), {tensor}, {}, opts.timeout},
-                [&](const Launch& l) { nccl::broadcast(l, tensor, root); });
+                [=](const Launch& l) mutable { nccl::broadcast(l, tensor, root); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclPath::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
@@ -251,9 +538,9 @@ c10::intrusive_ptr<c10d::Work> NcclPath::allreduce(std::vector<at::Tensor>& tens
   if (state.staged) return staged_.allreduce(tensors, opts);
   const OpContext ctx = peekContext("allreduce");
   requireDirect(ctx, {tensor}, tensor.device());
-  checkReduceOp(ctx, tensor.scalar_type(), opts.reduceOp);
+  checkReduceOp(ctx, tensor.scalar_type(), opts.reduceOp, state.minCompCap);
   return launch(state, Call{"allreduce", OpType::ALLREDUCE, tensor.device(), {tensor}, {}, opts.timeout},
-                [&](const Launch& l) { nccl::allreduce(l, tensor, opts.reduceOp); });
+                [=](const Launch& l) mutable { nccl::allreduce(l, tensor, opts.reduceOp); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclPath::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -263,9 +550,9 @@ c10::intrusive_ptr<c10d::Work> NcclPath::allreduce_coalesced(std::vector<at::Ten
   if (state.staged) return staged_.allreduce_coalesced(tensors, opts);
   const OpContext ctx = peekContext("allreduce_coalesced");
   requireDirect(ctx, tensors, device);
-  for (const auto& tensor : tensors) checkReduceOp(ctx, tensor.scalar_type(), opts.reduceOp);
+  for (const auto& tensor : tensors) checkReduceOp(ctx, tensor.scalar_type(), opts.reduceOp, state.minCompCap);
   return launch(state, Call{"allreduce_coalesced", OpType::COALESCED, device, tensors, {}, opts.timeout},
-                [&](const Launch& l) {
+                [=](const Launch& l) mutable {
                   grouped(l, [&] {
                     for (auto& tensor : tensors) nccl::allreduce(l, tensor, opts.reduceOp);
                   });
@@ -278,10 +565,10 @@ c10::intrusive_ptr<c10d::Work> NcclPath::reduce(std::vector<at::Tensor>& tensors
   if (state.staged) return staged_.reduce(tensors, opts);
   const OpContext ctx = peekContext("reduce");
   requireDirect(ctx, {tensor}, tensor.device());
-  checkReduceOp(ctx, tensor.scalar_type(), opts.reduceOp);
+  checkReduceOp(ctx, tensor.scalar_type(), opts.reduceOp, state.minCompCap);
   const int root = static_cast<int>(opts.rootRank);
   return launch(state, Call{"reduce", OpType::REDUCE, tensor.device(), {tensor}, {}, opts.timeout},
-                [&](const Launch& l) { nccl::reduce(l, tensor, opts.reduceOp, root); });
+                [=](const Launch& l) mutable { nccl::reduce(l, tensor, opts.reduceOp, root); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclPath::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -291,10 +578,9 @@ c10::intrusive_ptr<c10d::Work> NcclPath::allgather(std::vector<std::vector<at::T
   if (state.staged) return staged_.allgather(outputs, inputs, opts);
   const OpContext ctx = peekContext("allgather");
   requireDirect(ctx, {input}, input.device());
-  toNcclType(ctx, input.scalar_type());
   std::vector<at::Tensor> targets = outputs.front();
   return launch(state, Call{"allgather", OpType::ALLGATHER, input.device(), targets, {input}, opts.timeout},
-                [&](const Launch& l) { nccl::allgatherList(l, input, targets, deps_.size); });
+                [=](const Launch& l) mutable { nccl::allgatherList(l, input, targets, deps_.size); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclPath::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -303,10 +589,9 @@ c10::intrusive_ptr<c10d::Work> NcclPath::_allgather_base(at::Tensor& output, at:
   if (state.staged) return staged_._allgather_base(output, input, opts);
   const OpContext ctx = peekContext("allgather_into_tensor");
   requireDirect(ctx, {input, output}, input.device());
-  toNcclType(ctx, input.scalar_type());
   return launch(state, Call{"allgather_into_tensor", OpType::_ALLGATHER_BASE, input.device(), {output}, {input},
                             opts.timeout},
-                [&](const Launch& l) { nccl::allgatherInto(l, input, output); });
+                [=](const Launch& l) mutable { nccl::allgatherInto(l, input, output); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclPath::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -317,9 +602,8 @@ c10::intrusive_ptr<c10d::Work> NcclPath::allgather_into_tensor_coalesced(std::ve
   if (state.staged) return staged_.allgather_into_tensor_coalesced(outputs, inputs, opts);
   const OpContext ctx = peekContext("allgather_into_tensor_coalesced");
   requireDirect(ctx, concat(inputs, outputs), device);
-  for (const auto& input : inputs) toNcclType(ctx, input.scalar_type());
-  return launch(state, Call{"allgather_into_tensor_coalesced", OpType::COALESCED, device, outputs, inputs, opts.timeout},
-                [&](const Launch& l) {
+    return launch(state, Call{"allgather_into_tensor_coalesced", OpType::COALESCED, device, outputs, inputs, opts.timeout},
+                [=](const Launch& l) mutable {
                   grouped(l, [&] {
                     for (size_t i = 0; i < inputs.size(); ++i) nccl::allgatherInto(l, inputs[i], outputs[i]);
                   });
@@ -334,10 +618,10 @@ c10::intrusive_ptr<c10d::Work> NcclPath::reduce_scatter(std::vector<at::Tensor>&
   if (state.staged) return staged_.reduce_scatter(outputs, inputs, opts);
   const OpContext ctx = peekContext("reduce_scatter");
   requireDirect(ctx, {output}, output.device());
-  checkReduceOp(ctx, output.scalar_type(), opts.reduceOp);
+  checkReduceOp(ctx, output.scalar_type(), opts.reduceOp, state.minCompCap);
   const std::vector<at::Tensor> list = inputs.front();
   return launch(state, Call{"reduce_scatter", OpType::REDUCE_SCATTER, output.device(), {output}, list, opts.timeout},
-                [&](const Launch& l) { nccl::reduceScatterList(l, list, output, opts.reduceOp); });
+                [=](const Launch& l) mutable { nccl::reduceScatterList(l, list, output, opts.reduceOp); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclPath::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -346,10 +630,10 @@ c10::intrusive_ptr<c10d::Work> NcclPath::_reduce_scatter_base(at::Tensor& output
   if (state.staged) return staged_._reduce_scatter_base(output, input, opts);
   const OpContext ctx = peekContext("reduce_scatter_tensor");
   requireDirect(ctx, {input, output}, input.device());
-  checkReduceOp(ctx, output.scalar_type(), opts.reduceOp);
+  checkReduceOp(ctx, output.scalar_type(), opts.reduceOp, state.minCompCap);
   return launch(state, Call{"reduce_scatter_tensor", OpType::_REDUCE_SCATTER_BASE, input.device(), {output}, {input},
                             opts.timeout},
-                [&](const Launch& l) { nccl::reduceScatterInto(l, input, output, opts.reduceOp); });
+                [=](const Launch& l) mutable { nccl::reduceScatterInto(l, input, output, opts.reduceOp); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclPath::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -360,9 +644,9 @@ c10::intrusive_ptr<c10d::Work> NcclPath::reduce_scatter_tensor_coalesced(std::ve
   if (state.staged) return staged_.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   const OpContext ctx = peekContext("reduce_scatter_tensor_coalesced");
   requireDirect(ctx, concat(inputs, outputs), device);
-  for (const auto& output : outputs) checkReduceOp(ctx, output.scalar_type(), opts.reduceOp);
+  for (const auto& output : outputs) checkReduceOp(ctx, output.scalar_type(), opts.reduceOp, state.minCompCap);
   return launch(state, Call{"reduce_scatter_tensor_coalesced", OpType::COALESCED, device, outputs, inputs, opts.timeout},
-                [&](const Launch& l) {
+                [=](const Launch& l) mutable {
                   grouped(l, [&] {
                     for (size_t i = 0; i < inputs.size(); ++i) nccl::reduceScatterInto(l, inputs[i], outputs[i], opts.reduceOp);
                   });
@@ -378,9 +662,8 @@ c10::intrusive_ptr<c10d::Work> NcclPath::gather(std::vector<std::vector<at::Tens
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> targets = deps_.rank == root ? outputs.front() : std::vector<at::Tensor>{};
   requireDirect(ctx, concat({input}, targets), input.device());
-  toNcclType(ctx, input.scalar_type());
   return launch(state, Call{"gather", OpType::GATHER, input.device(), targets, {input}, opts.timeout},
-                [&](const Launch& l) { nccl::gather(l, input, targets, root); });
+                [=](const Launch& l) mutable { nccl::gather(l, input, targets, root); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclPath::scatter(std::vector<at::Tensor>& outputs,
@@ -393,9 +676,8 @@ c10::intrusive_ptr<c10d::Work> NcclPath::scatter(std::vector<at::Tensor>& output
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> sources = deps_.rank == root ? inputs.front() : std::vector<at::Tensor>{};
   requireDirect(ctx, concat({output}, sources), output.device());
-  toNcclType(ctx, output.scalar_type());
   return launch(state, Call{"scatter", OpType::SCATTER, output.device(), {output}, sources, opts.timeout},
-                [&](const Launch& l) { nccl::scatter(l, sources, output, root); });
+                [=](const Launch& l) mutable { nccl::scatter(l, sources, output, root); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclPath::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -406,9 +688,8 @@ c10::intrusive_ptr<c10d::Work> NcclPath::alltoall_base(at::Tensor& output, at::T
   if (state.staged) return staged_.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
   const OpContext ctx = peekContext("all_to_all_single");
   requireDirect(ctx, {input, output}, input.device());
-  toNcclType(ctx, input.scalar_type());
   return launch(state, Call{"all_to_all_single", OpType::ALLTOALL_BASE, input.device(), {output}, {input}, opts.timeout},
-                [&](const Launch& l) {
+                [=](const Launch& l) mutable {
                   nccl::alltoallBase(l, input, output, outputSplitSizes, inputSplitSizes, deps_.size);
                 });
 }
@@ -420,9 +701,8 @@ c10::intrusive_ptr<c10d::Work> NcclPath::alltoall(std::vector<at::Tensor>& outpu
   if (state.staged) return staged_.alltoall(outputs, inputs, opts);
   const OpContext ctx = peekContext("all_to_all");
   requireDirect(ctx, concat(inputs, outputs), device);
-  toNcclType(ctx, inputs.front().scalar_type());
   return launch(state, Call{"all_to_all", OpType::ALLTOALL, device, outputs, inputs, opts.timeout},
-                [&](const Launch& l) { nccl::alltoallList(l, inputs, outputs); });
+                [=](const Launch& l) mutable { nccl::alltoallList(l, inputs, outputs); });
 }
 
 // Point-to-point: the tag is not sent (NCCL matches sends and receives by order per peer).
@@ -433,10 +713,9 @@ c10::intrusive_ptr<c10d::Work> NcclPath::send(std::vector<at::Tensor>& tensors, 
   DeviceState& state = stateFor("send", tensor.device());
   if (state.staged) return staged_.send(tensors, dstRank, tag, ctx);
   requireDirect(ctx, {tensor}, tensor.device());
-  toNcclType(ctx, tensor.scalar_type());
   Call call{"send", OpType::SEND, tensor.device(), {tensor}, {}, std::chrono::milliseconds(-1)};
   call.p2p = ctx;
-  return launch(state, call, [&](const Launch& l) { nccl::send(l, tensor, dstRank); });
+  return launch(state, call, [=](const Launch& l) mutable { nccl::send(l, tensor, dstRank); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclPath::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag,
@@ -452,10 +731,9 @@ c10::intrusive_ptr<c10d::Work> NcclPath::recv(std::vector<at::Tensor>& tensors, 
   DeviceState& state = stateFor("recv", tensor.device());
   if (state.staged) return staged_.recv(tensors, srcRank, tag, ctx);
   requireDirect(ctx, {tensor}, tensor.device());
-  toNcclType(ctx, tensor.scalar_type());
   Call call{"recv", OpType::RECV, tensor.device(), {tensor}, {}, std::chrono::milliseconds(-1)};
   call.p2p = ctx;
-  return launch(state, call, [&](const Launch& l) { nccl::recv(l, tensor, srcRank); });
+  return launch(state, call, [=](const Launch& l) mutable { nccl::recv(l, tensor, srcRank); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclPath::barrier(at::Device requested, const c10d::BarrierOptions& opts) {
@@ -469,7 +747,7 @@ c10::intrusive_ptr<c10d::Work> NcclPath::barrier(at::Device requested, const c10
   Call call{"barrier", OpType::BARRIER, device, {token}, {}, opts.timeout};
   call.barrier = true;
   const c10d::ReduceOp sum;
-  return launch(state, call, [&](const Launch& l) { nccl::allreduce(l, token, sum); });
+  return launch(state, call, [=](const Launch& l) mutable { nccl::allreduce(l, token, sum); });
 }
 
 }  // namespace nccl

@@ -12,6 +12,16 @@
 // caller's current stream, the NCCL call(s) run with the NCCL stream current, an end event is
 // recorded, and the Work (nccl_work.hpp) goes to the watchdog (nccl_watchdog.hpp), which
 // aborts the communicators and fails every pending Work on an NCCL error or a timeout.
+//
+// Coalescing: between startCoalescing and endCoalescing, ops of the opening thread get their
+// number, their Work and their stream ordering at once, and their NCCL calls are deferred; at
+// endCoalescing they are issued together inside one ncclGroupStart/ncclGroupEnd. A barrier
+// inside the window first issues what is deferred, then runs alone (its wait blocks the host).
+//
+// Set-up keys live under the backend's per-run store prefix, so a store reused by a later run
+// never hands it this run's unique id, and the bootstrap deletes them once read. Communicators
+// are nonblocking where NCCL allows, and every call that answers ncclInProgress is polled
+// against the op's deadline (nccl_errors.hpp), so a rank that never comes is a DistBackendError.
 #pragma once
 
 #include "cuda/cuda_path.hpp"
@@ -22,6 +32,7 @@
 
 #include <map>
 #include <optional>
+#include <thread>
 
 namespace ddplite::nccl {
 
@@ -65,14 +76,22 @@ class NcclPath final : public CudaPath {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag,
                                       const OpContext& ctx) override;
   c10::intrusive_ptr<c10d::Work> barrier(at::Device device, const c10d::BarrierOptions& opts) override;
+  void connect(at::Device device) override;
+  std::unique_ptr<CudaSplit> split(const std::vector<int>& members) override;
+  void adopt(std::unique_ptr<CudaSplit> split) override;
+  void startCoalescing() override;
+  void endCoalescing() override;
   void abort() override;
   void shutdown() override;
+  void abandon() override;
 
  private:
   struct DeviceState {
     bool staged = false;
     std::unique_ptr<NcclComm> comm;
     std::optional<c10::cuda::CUDAStream> stream;  // the dedicated NCCL stream
+    int minCompCap = 0;                           // lowest compute capability over the ranks (fp8 rule)
+    std::vector<rules::GpuIdentity> identities;   // every rank's GPU, by rank (empty when adopted)
   };
   struct Call {  // one op, as launch() needs it
     const char* op;
@@ -90,14 +109,37 @@ class NcclPath final : public CudaPath {
   // Collective on a device's first use: decides NCCL or staging, creates the communicator.
   DeviceState& stateFor(const char* op, at::Device device);
   void createCommunicator(const OpContext& ctx, at::Device device, DeviceState& state, int ordinal);
+  // A communicator (made or adopted) joins the watched list; the watchdog starts with the first.
+  void watchCommunicator(DeviceState& state, at::Device device);
   // Not collective: true if `device` is served by StagedPath already (or staging is forced).
   bool knownStaged(at::Device device);
-  c10::intrusive_ptr<c10d::Work> launch(DeviceState& state, Call call, const std::function<void(const Launch&)>& body);
-  // Runs `body` under the communicator's Lease with `stream` current. If it throws (an NCCL call
-  // failed, or failed half-way through a group), the group is failed (failGroup) and the error
-  // rethrown: the ranks' NCCL streams may no longer match.
+  // `body` must own what it uses (capture by value): a deferred op runs it at endCoalescing.
+  c10::intrusive_ptr<c10d::Work> launch(DeviceState& state, Call call, std::function<void(const Launch&)> body);
+  // Runs `body` under the communicator's Lease with `stream` current, then its `after` steps. If
+  // it throws (an NCCL call failed, or failed half-way through a group), the group is failed
+  // (failGroup) and the error rethrown: the ranks' NCCL streams may no longer match.
   void issue(DeviceState& state, const OpContext& ctx, const c10::cuda::CUDAStream& stream,
-             const std::function<void(const Launch&)>& body, std::vector<at::Tensor>& scratch);
+             const std::function<void(const Launch&)>& body, std::vector<at::Tensor>& scratch,
+             std::chrono::steady_clock::time_point deadline);
+
+  struct Deferred {  // an op of an open coalesced group
+    DeviceState* state;  // a node of devices_: stable until shutdown
+    Call call;
+    OpContext ctx;
+    std::function<void(const Launch&)> body;
+    c10::intrusive_ptr<NcclWork> work;
+    bool capturing;
+  };
+  // With deps_.orderMutex held: whether the calling thread has a coalesced group open.
+  bool joinsOpenGroup();
+  // With deps_.orderMutex held: issues the calling thread's deferred ops as one NCCL group
+  // (leaving the group open when `close` is false).
+  void issueOpenGroup(bool close);
+  void issueGroup(std::vector<Deferred> ops);
+  // Hands a launched Work to the watchdog (or, while capturing a CUDA graph, to nobody).
+  void track(const c10::intrusive_ptr<NcclWork>& work, bool capturing);
+  std::shared_ptr<NcclWatchdog> currentWatchdog();
+  void teardown(rules::TeardownCause cause);
   // Tensors NCCL reads or writes in place: on `device` and contiguous.
   void requireDirect(const OpContext& ctx, const std::vector<at::Tensor>& tensors, at::Device device) const;
 
@@ -119,7 +161,11 @@ class NcclPath final : public CudaPath {
   std::mutex brokenMutex_;
   std::string brokenReason_;             // non-empty once aborted, failed or shut down
   std::atomic<bool> closed_{false};
-  std::unique_ptr<NcclWatchdog> watchdog_;  // started with the first communicator
+  // The open coalesced group: guarded by deps_.orderMutex (taken by every launch).
+  std::optional<std::thread::id> groupOwner_;
+  std::vector<Deferred> deferred_;
+  std::mutex watchdogMutex_;                // guards the pointer below (created by a launch, read by abort)
+  std::shared_ptr<NcclWatchdog> watchdog_;  // started with the first communicator
 };
 
 }  // namespace ddplite::nccl

@@ -6,6 +6,12 @@
 // checks each remaining work against its timeout. On an async error or a timeout it calls
 // `onFailure` once, on the watchdog thread; the owner (NcclPath) then aborts its communicators
 // and fails every pending work through failAll().
+//
+// After failAll() the failure sticks: a work handed to watch() later (a launch that raced with
+// the failure) fails at once instead of waiting for an end event no one checks. Failed works
+// move to a retiring list and keep their tensors until their end event completes (the aborted
+// kernels have exited); stop() waits for them at most kRetireWait and then leaks what is left,
+// with a warning, rather than free memory a kernel may still write.
 #pragma once
 
 #include "cuda/nccl_work.hpp"
@@ -14,6 +20,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -22,6 +29,7 @@ namespace ddplite::nccl {
 struct WatchdogFailure {
   std::string what;  // for the error message of each pending work
   std::string hint;
+  c10d::WorkResult result = c10d::WorkResult::COMM_ERROR;  // what each work's getFutureResult() says
 };
 
 class NcclWatchdog {
@@ -35,13 +43,14 @@ class NcclWatchdog {
   ~NcclWatchdog();  // stop()
 
   void watch(c10::intrusive_ptr<NcclWork> work);
-  // Fails every pending work with `failure` (any thread).
+  // Fails every pending work with `failure`, and every work watched later (any thread).
   void failAll(const WatchdogFailure& failure);
   // Blocks until no work is pending or `deadline`; true if drained.
   bool drain(std::chrono::steady_clock::time_point deadline);
-  // Joins the thread (idempotent; any thread but the watchdog's own, several at once). Pending
-  // works stay pending.
+  // Joins the thread (idempotent; any thread but the watchdog's own, several at once), then
+  // retires failed works as above. Pending works stay pending.
   void stop();
+  static constexpr std::chrono::milliseconds kRetireWait{5000};
 
  private:
   void loop();
@@ -54,6 +63,8 @@ class NcclWatchdog {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<c10::intrusive_ptr<NcclWork>> pending_;
+  std::deque<c10::intrusive_ptr<NcclWork>> retiring_;  // failed, tensors kept until the end event
+  std::optional<WatchdogFailure> failure_;             // set by failAll: later works fail at once
   bool stopping_ = false;
   bool reported_ = false;
   std::mutex joinMutex_;  // serializes stop()'s join: abort() and shutdown() may race

@@ -16,7 +16,8 @@ NcclWork::NcclWork(const OpContext& context, c10d::OpType type, at::Device devic
       isBarrier_(isBarrier),
       launchedAt_(std::chrono::steady_clock::now()),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       std::vector<c10::Device>{device})) {}
+                                                       std::vector<c10::Device>{device})),
+      resultFuture_(c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get())) {}
 
 void NcclWork::stash(std::vector<at::Tensor> tensors) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -28,8 +29,14 @@ void NcclWork::waitForCaller(const c10::cuda::CUDAStream& current, const c10::cu
   startEvent_.block(ncclStream);
 }
 
-void NcclWork::markLaunched(const c10::cuda::CUDAStream& ncclStream) {
+void NcclWork::recordEnd(const c10::cuda::CUDAStream& ncclStream) {
   endEvent_.record(ncclStream);
+  launchedAt_ = std::chrono::steady_clock::now();  // a deferred op's timeout runs from its launch
+  launched_.store(true, std::memory_order_release);
+}
+
+void NcclWork::markLaunched(const c10::cuda::CUDAStream& ncclStream) {
+  recordEnd(ncclStream);
   // The future records its own event on the current stream of the device: make that the NCCL
   // stream, so waiting on the future means waiting on the collective.
   c10::cuda::CUDAMultiStreamGuard guard(ncclStream);
@@ -51,25 +58,38 @@ void NcclWork::markDone() {
     released.swap(stash_);
   }
   finish(nullptr);
+  setResult(c10d::WorkResult::SUCCESS);
   // `released` frees the buffers here, after the GPU is done with them.
 }
 
-void NcclWork::markFailed(std::exception_ptr error) {
+void NcclWork::markFailed(std::exception_ptr error, c10d::WorkResult result) {
   failed_ = true;
+  finish(error);  // the stash stays: kernels of an aborted communicator may still be running
+  // An op whose NCCL calls were issued completed its future then (NCCL semantics: the future is
+  // about stream order); one that never got there (a deferred op whose group failed or was
+  // dropped, an op that failed while being issued) would otherwise never complete. A no-op on
+  // a completed future; markLaunched always precedes a failure of the same Work.
+  future_->setErrorIfNeeded(error);
+  setResult(result);
+}
+
+void NcclWork::setResult(c10d::WorkResult result) {
+  if (resultSet_.exchange(true)) return;  // the first of markDone/markFailed (any threads) decides
+  resultFuture_->markCompleted(static_cast<int64_t>(result));
+}
+
+void NcclWork::releaseStash() {
   std::vector<at::Tensor> released;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    released.swap(stash_);  // the communicator is aborted: NCCL no longer touches them
-  }
-  finish(error);
+  std::lock_guard<std::mutex> lock(mutex_);
+  released.swap(stash_);
 }
 
 bool NcclWork::isCompleted() {
-  return failed_.load() || endEventDone();
+  return failed_.load() || (launched() && endEventDone());
 }
 
 bool NcclWork::isSuccess() const {
-  return !failed_.load() && endEventDone();
+  return !failed_.load() && launched() && endEventDone();
 }
 
 std::exception_ptr NcclWork::exception() const {
@@ -102,6 +122,11 @@ void NcclWork::waitOnHost(std::chrono::steady_clock::time_point deadline, bool b
 
 bool NcclWork::wait(std::chrono::milliseconds timeout) {
   const bool bounded = timeout != kNoTimeout;
+  if (!launched() && !failed_.load() && (bounded || isBarrier_)) {
+    throwDistError(context_, "Work.wait(timeout) on an op of a coalesced group that has not ended: its NCCL calls are "
+                             "issued when the group ends",
+                   "wait on the Work the coalescing manager returns (or on this one after the group has ended)");
+  }
   if (bounded || isBarrier_) {
     waitOnHost(std::chrono::steady_clock::now() + timeout, bounded);
   }

@@ -13,7 +13,14 @@
 // Ownership: inputs, outputs and scratch buffers are stashed here at launch and released by the
 // watchdog thread once the end event has completed, so the caching allocator cannot hand their
 // memory to someone else while NCCL still uses it (even if the caller drops every reference
-// right after the call).
+// right after the call). A failed Work keeps them too, until its end event completes (the
+// kernels of an aborted communicator exit, but only then); see NcclWatchdog.
+//
+// Deferred launch: an op issued inside a coalesced group (NcclPath::startCoalescing) is created
+// at once and launched when the group ends. Until then it is not completed, wait() orders
+// nothing (as ProcessGroupNCCL's works inside a group) and wait(timeout) raises.
+// Graph capture: a Work launched while the caller's stream is capturing is never queried by the
+// watchdog (an event query would invalidate the capture); it keeps its tensors while it lives.
 //
 // Threads: created and launched on the caller's thread; completed or failed by the watchdog.
 #pragma once
@@ -39,7 +46,11 @@ class NcclWork final : public c10d::Work {
   // Launching thread, in this order around the NCCL call(s).
   void stash(std::vector<at::Tensor> tensors);
   void waitForCaller(const c10::cuda::CUDAStream& current, const c10::cuda::CUDAStream& ncclStream);
-  void markLaunched(const c10::cuda::CUDAStream& ncclStream);
+  void markLaunched(const c10::cuda::CUDAStream& ncclStream);  // recordEnd, then the future completes
+  // The end event goes on the NCCL stream after whatever NCCL has of the op (all of it, or part
+  // of it when issuing failed: the failed Work then keeps its tensors until that has run).
+  void recordEnd(const c10::cuda::CUDAStream& ncclStream);
+  bool launched() const { return launched_.load(std::memory_order_acquire); }
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -49,6 +60,9 @@ class NcclWork final : public c10d::Work {
   void blockCurrentStream() override { synchronize(); }
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // The op's c10d::WorkResult as an int, set by the watchdog: SUCCESS once the end event has
+  // completed, TIMEOUT or COMM_ERROR when it failed the op (never, for an op captured in a graph).
+  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override { return resultFuture_; }
   uint64_t getSequencenumber() const override { return context_.seq; }
 
   const OpContext& context() const { return context_; }
@@ -59,10 +73,13 @@ class NcclWork final : public c10d::Work {
   bool timedOut(std::chrono::steady_clock::time_point now) const;
   std::chrono::milliseconds timeout() const { return timeout_; }
   void markDone();                        // end event completed: release the stash
-  void markFailed(std::exception_ptr error);  // communicator aborted: wait() raises `error`
+  // Communicator aborted: wait() raises `error`, getFutureResult() says `result`; stash kept.
+  void markFailed(std::exception_ptr error, c10d::WorkResult result = c10d::WorkResult::COMM_ERROR);
+  void releaseStash();                    // a failed Work's end event completed (or it never launched)
 
  private:
   void throwIfFailed() const;
+  void setResult(c10d::WorkResult result);
   void waitOnHost(std::chrono::steady_clock::time_point deadline, bool bounded);
 
   const OpContext context_;
@@ -70,12 +87,17 @@ class NcclWork final : public c10d::Work {
   const std::vector<at::Tensor> outputs_;
   const std::chrono::milliseconds timeout_;
   const bool isBarrier_;
-  const std::chrono::steady_clock::time_point launchedAt_;
+  std::chrono::steady_clock::time_point launchedAt_;  // set by recordEnd, before the watchdog sees the Work
   std::vector<at::Tensor> stash_;  // guarded by mutex_
   c10::cuda::CUDAEvent startEvent_{cudaEventDisableTiming};
   c10::cuda::CUDAEvent endEvent_{cudaEventDisableTiming};
   std::atomic<bool> failed_{false};
+  // Set (release) by markLaunched on the launching thread after the end event is recorded; read
+  // (acquire) by isCompleted/wait on any thread, so a reader that sees it sees the event.
+  std::atomic<bool> launched_{false};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  c10::intrusive_ptr<c10::ivalue::Future> resultFuture_;
+  std::atomic<bool> resultSet_{false};
 };
 
 }  // namespace ddplite::nccl

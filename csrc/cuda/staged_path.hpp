@@ -63,6 +63,13 @@ class StagedPath final : public CudaPath {
   // The CPU collectives belong to the backend, which aborts and shuts them down itself.
   void abort() override {}
   void shutdown() override {}
+  void abandon() override {}
+  void connect(at::Device) override {}
+  std::unique_ptr<CudaSplit> split(const std::vector<int>&) override { return nullptr; }
+  void adopt(std::unique_ptr<CudaSplit>) override {}
+  // Staged ops are CPU collectives the backend's own collector gathers.
+  void startCoalescing() override {}
+  void endCoalescing() override {}
 
  private:
   void warnOnce() const;

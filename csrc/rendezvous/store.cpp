@@ -20,7 +20,10 @@ std::string StoreRendezvous::get(const std::string& key, const std::string& wait
   } catch (const std::exception& error) {
     throwDistError(strCat("rendezvous failed while waiting for ", waitingFor, ": ", error.what()),
                    "every rank of the group must call init_process_group/new_group with the same "
-                   "world size; check that the rank named above started and reached it");
+                   "world size; check that the rank named above started and reached it. If the store outlives "
+                   "runs (a file:// path, a store passed to init_process_group) and an earlier run on it "
+                   "crashed during set-up, its run counter (ddplite/runs) can pair this run's ranks wrongly: "
+                   "start from a fresh store");
   }
 }
 
@@ -29,6 +32,22 @@ std::optional<bool> StoreRendezvous::has(const std::string& key) {
     return store_->check({kNamespace + prefix_ + key});
   } catch (const std::exception&) {
     return std::nullopt;
+  }
+}
+
+int64_t StoreRendezvous::add(const std::string& key, int64_t amount) {
+  try {
+    return store_->add(kNamespace + prefix_ + key, amount);
+  } catch (const std::exception& error) {
+    throwDistError(strCat("rendezvous failed while counting '", key, "' in the store: ", error.what()),
+                   "the store (MASTER_ADDR:MASTER_PORT, or the file:// path) must stay reachable during set-up");
+  }
+}
+
+void StoreRendezvous::erase(const std::string& key) {
+  try {
+    store_->deleteKey(kNamespace + prefix_ + key);
+  } catch (const std::exception&) {
   }
 }
 

@@ -30,6 +30,10 @@ class StoreRendezvous {
   std::string get(const std::string& key, const std::string& waitingFor);
   // Whether the key exists, without waiting; nothing when the store cannot be reached.
   std::optional<bool> has(const std::string& key);
+  // Store::add (creates the counter at 0): the value after adding.
+  int64_t add(const std::string& key, int64_t amount);
+  // Store::deleteKey; store errors are swallowed (cleanup must not fail a run that worked).
+  void erase(const std::string& key);
 
   // Failure broadcast: the first rank that sees a peer fail records the root cause here before
   // it tears its connections down, so that ranks which only see the cascade can name the rank
