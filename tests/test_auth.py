@@ -66,7 +66,7 @@ def default_group_keys(store):
     """The store as the default group's ddplite backend sees it (torch's prefixes, then ddplite's
     own for the first run on a store; ddplite's keys start with ddplite/)."""
     view = store
-    for prefix in ("default_pg", "0/", "cpu/", "ddplite/run0"):
+    for prefix in ("default_pg", "0/", "cpu/", "ddplite/size2/run0"):
         view = dist.PrefixStore(prefix, view)
     return view
 

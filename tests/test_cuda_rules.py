@@ -167,7 +167,7 @@ def bootstrap_runs(rank, world_size, store_path, runs):
         blob = extension.bootstrap_broadcast(backend, rules.unique_id_key(0), f"id of run {run}".encode(), 0)
         dist.barrier()  # every rank has read it (the default group: another store prefix)
         held = extension.bootstrap_holds(backend, rules.unique_id_key(0))
-        out.append((blob.decode(), held, job.add("ddplite/runs", 0)))
+        out.append((blob.decode(), held, job.add(f"ddplite/runs/size{world_size}", 0)))
         backend.shutdown()
         dist.barrier()
     return out

@@ -54,8 +54,9 @@ class DdpliteBackend final : public c10d::Backend {
 
   // Collective over the group: connects every pair of ranks before returning. `trace`: the
   // group's name and global ranks for the flight recorder (empty: group "0" of ranks 0..size-1).
-  // Every key it writes is under "ddplite/run<k>/" of `store`, k the number of this group's run
-  // on that store, so a store reused by a later run cannot hand it stale addresses or ids.
+  // Every key it writes is under "ddplite/size<N>/run<k>/" of `store`, k the number of this
+  // group's run on that store, so a store reused by a later run cannot hand it stale addresses
+  // or ids.
   DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
                  TraceGroupIdentity trace = {});
   ~DdpliteBackend() override;

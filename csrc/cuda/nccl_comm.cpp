@@ -106,6 +106,9 @@ std::unique_ptr<NcclComm> NcclComm::create(Bootstrap& bootstrap, const std::stri
 #if DDPLITE_NCCL_HAS_NONBLOCKING
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every later call on it may answer ncclInProgress: see waitWhileInProgress
+#if DDPLITE_NCCL_HAS_SPLIT
+  config.splitShare = 0;  // children split from it get resources (and an abort flag) of their own
+#endif
   const ncclResult_t started = ncclCommInitRankConfig(&comm, ctx.size, id, ctx.rank, &config);
   try {
     check(ctx, "ncclCommInitRankConfig", started, comm);
@@ -123,7 +126,7 @@ std::unique_ptr<NcclComm> NcclComm::create(Bootstrap& bootstrap, const std::stri
   return std::unique_ptr<NcclComm>(new NcclComm(comm, device));
 }
 
-std::unique_ptr<NcclComm> NcclComm::split(NcclComm& parent, int color, int key, const OpContext& ctx,
+std::unique_ptr<NcclComm> NcclComm::split(NcclComm& parent, int color, int key, int expectedSize, const OpContext& ctx,
                                           std::chrono::steady_clock::time_point deadline) {
 #if DDPLITE_NCCL_HAS_SPLIT
   Lease lease(parent);  // exclusive use of the parent's handle while NCCL splits it
@@ -132,27 +135,45 @@ std::unique_ptr<NcclComm> NcclComm::split(NcclComm& parent, int color, int key, 
                    "destroy the parent group and create a new one");
   }
   c10::cuda::CUDAGuard guard(parent.device());
-  ncclComm_t child = nullptr;
+  // A nonblocking split runs as a job of the parent that writes the child's handle into this
+  // slot when it ends, possibly after we gave up: the slot is on the heap, freed only once the
+  // job is known to be over (success, or the parent aborted, which joins it).
+  auto* slot = new ncclComm_t(nullptr);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  const ncclResult_t started = ncclCommSplit(lease.comm(), color, key, &child, &config);
+  config.splitShare = 0;  // the child's abort must not abort the parent's kernels, nor the reverse
+  const ncclResult_t started = ncclCommSplit(lease.comm(), color, key, slot, &config);
   const auto cancelled = [&lease] { return lease.abortRequested(); };
+  ncclComm_t child = nullptr;
   try {
     check(ctx, "ncclCommSplit", started, lease.comm());
-    // A nonblocking split finishes in the background: the parent's state says when (a rank
-    // that passed NCCL_SPLIT_NOCOLOR has no child to ask), then the child's.
+    // The parent's state says when the job is done (a rank that passed NCCL_SPLIT_NOCOLOR has
+    // no child to ask), then the child's says when it is ready.
     waitWhileInProgress(ctx, "ncclCommSplit", lease.comm(), deadline, cancelled);
+    child = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
     if (child != nullptr) waitWhileInProgress(ctx, "ncclCommSplit", child, deadline, cancelled);
+    int count = 0;
+    if (child != nullptr && ncclCommCount(child, &count) == ncclSuccess && count != expectedSize) {
+      throwValueError(ctx, strCat("ncclCommSplit made a communicator of ", count, " ranks for a new group of ",
+                                  expectedSize, ": the split lists of the ranks overlap"),
+                      "give split_group disjoint lists of ranks");
+    }
   } catch (...) {
+    // The parent cannot be used after a split that did not finish: abort it here (joining the
+    // job), then whatever child the job made.
+    parent.abortLocked();
+    child = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
     if (child != nullptr) ncclCommAbort(child);
+    delete slot;
     throw;
   }
+  delete slot;
   if (child == nullptr) return nullptr;
   DDPLITE_LOG(kInfo, ctx.describe(), ": NCCL communicator split from the parent group's on ", parent.device(),
               " (color ", color, ", key ", key, ")");
   return std::unique_ptr<NcclComm>(new NcclComm(child, parent.device()));
 #else
-  (void)parent, (void)color, (void)key, (void)ctx, (void)deadline;
+  (void)parent, (void)color, (void)key, (void)expectedSize, (void)ctx, (void)deadline;
   return nullptr;  // NCCL < 2.18: the new group makes its own communicator on its first op
 #endif
 }

@@ -54,8 +54,10 @@ class NcclComm {
                                           at::Device device, std::chrono::steady_clock::time_point deadline,
                                           const std::function<bool()>& cancelled);
   // Collective over `parent`'s ranks (ncclCommSplit, nonblocking, polled up to `deadline`): the
-  // communicator of this rank's new group, or nullptr for `color` NCCL_SPLIT_NOCOLOR.
-  static std::unique_ptr<NcclComm> split(NcclComm& parent, int color, int key, const OpContext& ctx,
+  // communicator of this rank's new group (checked to have `expectedSize` ranks), or nullptr for
+  // `color` NCCL_SPLIT_NOCOLOR. When it fails the parent is aborted (a split that did not finish
+  // leaves it unusable) and the error raised.
+  static std::unique_ptr<NcclComm> split(NcclComm& parent, int color, int key, int expectedSize, const OpContext& ctx,
                                          std::chrono::steady_clock::time_point deadline);
   // ncclCommFinalize (polled up to kFinalizeWait) and ncclCommDestroy; ncclCommAbort when it does
   // not settle in time. Nothing when aborted.

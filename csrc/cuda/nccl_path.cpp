@@ -66,6 +66,7 @@ NcclPath::DeviceState& NcclPath::stateFor(const char* op, at::Device device) {
   throwIfBroken(ctx);
   const int ordinal = devicesSeen_++;
   DeviceState state;
+  state.ordinal = ordinal;
   const env::CudaStaging staging = env::cudaStaging();
   if (staging == env::CudaStaging::kAlways) {
     state.staged = true;
@@ -135,33 +136,46 @@ void NcclPath::watchCommunicator(DeviceState& state, at::Device device) {
 namespace {
 struct NcclSplit final : CudaSplit {
   struct Device {
+    int index;
     std::unique_ptr<NcclComm> comm;
     int minCompCap;
   };
-  std::map<int, Device> devices;  // by device index
+  std::map<int, Device> devices;  // by the parent's ordinal of the device
 };
 }  // namespace
 
 std::unique_ptr<CudaSplit> NcclPath::split(const std::vector<int>& members) {
   const rules::SplitArgs args = rules::splitArgs(members, deps_.rank, NCCL_SPLIT_NOCOLOR);
   auto made = std::make_unique<NcclSplit>();
-  // Every rank walks its devices with a communicator in index order; each rank has the same
-  // number of them (their set-up was collective), which is what pairs the ranks' splits.
   std::lock_guard<std::mutex> order(deps_.orderMutex);
   std::lock_guard<std::mutex> init(initMutex_);
   const OpContext ctx{deps_.rank, deps_.size, "split_group", deps_.seq.load()};
   throwIfBroken(ctx);
   const auto deadline = std::chrono::steady_clock::now() + deps_.resolveTimeout(std::chrono::milliseconds(-1));
+  // The ranks' communicators pair by ordinal (the order each rank first used its devices), not
+  // by device index; staged devices are staged on every rank (the decision is shared).
+  std::map<int, std::pair<int, DeviceState*>> byOrdinal;
   for (auto& [index, state] : devices_) {
-    if (state.staged || !state.comm) continue;
-    std::unique_ptr<NcclComm> child = NcclComm::split(*state.comm, args.color, args.key, ctx, deadline);
+    if (!state.staged && state.comm) byOrdinal[state.ordinal] = {index, &state};
+  }
+  for (auto& [ordinal, entry] : byOrdinal) {
+    auto& [index, state] = entry;
+    std::unique_ptr<NcclComm> child;
+    try {
+      child = NcclComm::split(*state->comm, args.color, args.key, static_cast<int>(members.size()), ctx, deadline);
+    } catch (const std::exception& error) {
+      failGroup(WatchdogFailure{strCat("split_group: ncclCommSplit failed on ", state->comm->device(), ": [",
+                                       error.what(), "]; the NCCL communicators were aborted"),
+                                "check that every rank of the parent group called split_group with disjoint lists"});
+      throw;
+    }
     if (!child) continue;
     std::vector<rules::GpuIdentity> mine;
     for (int member : members) {
-      if (member < static_cast<int>(state.identities.size())) mine.push_back(state.identities[member]);
+      if (member < static_cast<int>(state->identities.size())) mine.push_back(state->identities[member]);
     }
-    made->devices[index] = NcclSplit::Device{std::move(child), mine.empty() ? state.minCompCap
-                                                                             : rules::minComputeCapability(mine)};
+    made->devices[ordinal] = NcclSplit::Device{index, std::move(child),
+                                               mine.empty() ? state->minCompCap : rules::minComputeCapability(mine)};
   }
   if (made->devices.empty()) return nullptr;
   return made;
@@ -171,13 +185,13 @@ void NcclPath::adopt(std::unique_ptr<CudaSplit> split) {
   auto* made = dynamic_cast<NcclSplit*>(split.get());
   if (made == nullptr) return;
   std::lock_guard<std::mutex> lock(initMutex_);
-  for (auto& [index, device] : made->devices) {
+  for (auto& [parentOrdinal, device] : made->devices) {  // in the parent's order: the same on every member
     DeviceState state;
     state.comm = std::move(device.comm);
     state.minCompCap = device.minCompCap;
-    watchCommunicator(state, at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)));
-    devices_.emplace(index, std::move(state));
-    ++devicesSeen_;  // as if made here: the next device's keys stay paired across the ranks
+    state.ordinal = devicesSeen_++;  // as if made here: the next device's keys stay paired across the ranks
+    watchCommunicator(state, at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index)));
+    devices_.emplace(device.index, std::move(state));
   }
 }
 
@@ -249,20 +263,22 @@ void NcclPath::teardown(rules::TeardownCause cause) {
     broken = !brokenReason_.empty();
   }
   const rules::Teardown plan = rules::teardownFor(cause, broken);
+  if (plan == rules::Teardown::kDrainThenDestroy) {
+    // From now on new CUDA ops are refused (a launch during the drain would hand its Work to a
+    // watchdog about to stop); the queued ones may finish.
+    std::lock_guard<std::mutex> lock(brokenMutex_);
+    brokenReason_ = strCat("the process group is shutting down on rank ", deps_.rank);
+  }
   auto watchdog = currentWatchdog();
   if (plan == rules::Teardown::kAbort && !broken && watchdog) {
     // First, so that a launch waiting in NCCL (ncclInProgress) sees the abort and lets go of the
     // order mutex taken below.
-    if (cause == rules::TeardownCause::kDestructor) {
-      DDPLITE_LOG(kWarn, "rank ", deps_.rank, "/", deps_.size, ": a ddplite process group with NCCL communicators "
-                  "was destroyed without destroy_process_group(); its communicators are aborted, and CUDA work it "
-                  "still had queued fails. Call torch.distributed.destroy_process_group() before exiting.");
-    }
-    failGroup(WatchdogFailure{
-        cause == rules::TeardownCause::kDestructor
-            ? strCat("the process group was destroyed on rank ", deps_.rank, " without destroy_process_group()")
-            : strCat("abort() was called on rank ", deps_.rank),
-        "call torch.distributed.destroy_process_group() to let queued work finish first"});
+    DDPLITE_LOG(kWarn, "rank ", deps_.rank, "/", deps_.size, ": a ddplite process group with NCCL communicators "
+                "was destroyed without destroy_process_group(); its communicators are aborted, and CUDA work it "
+                "still had queued fails. Call torch.distributed.destroy_process_group() before exiting.");
+    failGroup(WatchdogFailure{strCat("the process group was destroyed on rank ", deps_.rank,
+                                     " without destroy_process_group()"),
+                              "call torch.distributed.destroy_process_group() to let queued work finish first"});
   }
   std::vector<Deferred> dropped;
   {
@@ -344,20 +360,55 @@ void NcclPath::startCoalescing() {
 void NcclPath::endCoalescing() {
   // Any thread may end the group (as the collector allows): NCCL's group is opened and closed on
   // this thread inside issueGroup.
-  std::lock_guard<std::mutex> order(deps_.orderMutex);
-  if (!groupOwner_) return;
-  issueOpenGroup(/*close=*/true);
+  std::vector<Deferred> issued;
+  {
+    std::lock_guard<std::mutex> order(deps_.orderMutex);
+    if (!groupOwner_) return;
+    issued = issueOpenGroup(/*close=*/true);
+  }
+  finishIssued(std::move(issued));
 }
 
 bool NcclPath::joinsOpenGroup() {
   return groupOwner_ && *groupOwner_ == std::this_thread::get_id();
 }
 
-void NcclPath::issueOpenGroup(bool close) {
+std::vector<NcclPath::Deferred> NcclPath::issueOpenGroup(bool close) {
   std::vector<Deferred> ops;
   ops.swap(deferred_);
   if (close) groupOwner_.reset();
-  issueGroup(std::move(ops));
+  return issueGroup(std::move(ops));
+}
+
+void NcclPath::finishIssued(std::vector<Deferred> ops) {
+  std::exception_ptr failure;
+  for (auto& op : ops) {
+    c10::cuda::CUDAGuard deviceGuard(op.call.device);
+    if (op.failure) {
+      failIssued(op.work, *op.state->stream, concat(op.call.keepAlive, op.call.outputs), op.capturing, op.failure);
+      failure = op.failure;
+      continue;
+    }
+    op.work->completeFuture(*op.state->stream);  // its callbacks run here, outside the order mutex
+    track(op.work, op.capturing);
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+void NcclPath::failIssued(const c10::intrusive_ptr<NcclWork>& work, const c10::cuda::CUDAStream& stream,
+                          std::vector<at::Tensor> tensors, bool capturing, std::exception_ptr failure) {
+  work->stash(std::move(tensors));
+  try {
+    work->recordEnd(stream);
+  } catch (const std::exception&) {
+    // CUDA itself is failing: nothing more of this op will run, the tensors may go
+  }
+  auto watchdog = currentWatchdog();
+  if (capturing || !watchdog) {
+    work->markFailed(failure);  // nobody watches it: fail it here
+    return;
+  }
+  watchdog->watch(work);  // the group's failure sticks: it fails, and retires once the event is done
 }
 
 void NcclPath::track(const c10::intrusive_ptr<NcclWork>& work, bool capturing) {
@@ -366,9 +417,16 @@ void NcclPath::track(const c10::intrusive_ptr<NcclWork>& work, bool capturing) {
 }
 
 c10::intrusive_ptr<c10d::Work> NcclPath::launch(DeviceState& state, Call call, std::function<void(const Launch&)> body) {
-  std::lock_guard<std::mutex> lock(deps_.orderMutex);
+  std::unique_lock<std::mutex> lock(deps_.orderMutex);
   const bool inGroup = joinsOpenGroup();
-  if (inGroup && call.barrier) issueOpenGroup(/*close=*/false);  // its wait() blocks the host: nothing may stay deferred
+  if (inGroup && call.barrier) {
+    // Its wait() blocks the host: nothing may stay deferred. The flushed ops finish outside the
+    // lock (their futures' callbacks may issue ops), then the barrier takes it again.
+    std::vector<Deferred> flushed = issueOpenGroup(/*close=*/false);
+    lock.unlock();
+    finishIssued(std::move(flushed));
+    lock.lock();
+  }
   // send/recv keep the number the backend gave them; collectives take the next group number.
   const OpContext ctx = call.p2p ? *call.p2p : OpContext{deps_.rank, deps_.size, call.op, deps_.seq.load() + 1};
   throwIfBroken(ctx);
@@ -389,11 +447,10 @@ c10::intrusive_ptr<c10d::Work> NcclPath::launch(DeviceState& state, Call call, s
   try {
     issue(state, ctx, ncclStream, body, scratch, std::chrono::steady_clock::now() + timeout);
   } catch (...) {
-    // The group is failed (issue()), but NCCL may hold part of the op: the Work keeps the tensors
-    // until what is queued has run, and fails at once in watch() (the failure sticks).
-    work->recordEnd(ncclStream);
-    work->stash(concat(concat(call.keepAlive, call.outputs), scratch));
-    track(work, capturing);
+    // The group is failed (issue()), but NCCL may hold part of the op. No callback can be on
+    // this Work yet (the caller has not seen it), so failing it under the lock is safe.
+    failIssued(work, ncclStream, concat(concat(call.keepAlive, call.outputs), scratch), capturing,
+               std::current_exception());
     throw;
   }
   work->stash(concat(concat(call.keepAlive, call.outputs), scratch));
@@ -435,9 +492,10 @@ void NcclPath::issue(DeviceState& state, const OpContext& ctx, const c10::cuda::
 }
 
 // With deps_.orderMutex held. Every communicator the ops use is leased (in device order) for the
-// whole group: an abort meanwhile waits, or is performed when the leases are released.
-void NcclPath::issueGroup(std::vector<Deferred> ops) {
-  if (ops.empty()) return;
+// whole group: an abort meanwhile waits, or is performed when the leases are released. The end
+// events are recorded here; futures and the watchdog are the caller's (finishIssued).
+std::vector<NcclPath::Deferred> NcclPath::issueGroup(std::vector<Deferred> ops) {
+  if (ops.empty()) return ops;
   std::map<int, DeviceState*> byDevice;
   auto deadline = std::chrono::steady_clock::time_point::max();
   for (const auto& op : ops) {
@@ -500,23 +558,18 @@ void NcclPath::issueGroup(std::vector<Deferred> ops) {
                                      " first) failed while it was being issued: [", what,
                                      "]; the NCCL communicators were aborted"),
                               "fix the first failure; then destroy this group and create a new one"});
-    // As in launch(): each Work keeps its tensors until what NCCL has of the group has run, and
-    // fails at once in watch().
-    for (size_t i = 0; i < ops.size(); ++i) {
-      c10::cuda::CUDAGuard deviceGuard(ops[i].call.device);
-      ops[i].work->recordEnd(*ops[i].state->stream);
-      ops[i].work->stash(concat(concat(ops[i].call.keepAlive, ops[i].call.outputs), scratch[i]));
-      track(ops[i].work, ops[i].capturing);
+    for (size_t i = 0; i < ops.size(); ++i) {  // finishIssued keeps their tensors and fails them
+      ops[i].failure = failure;
+      for (auto& tensor : scratch[i]) ops[i].call.keepAlive.push_back(tensor);
     }
-    std::rethrow_exception(failure);
+    return ops;
   }
   for (size_t i = 0; i < ops.size(); ++i) {
-    Deferred& op = ops[i];
-    c10::cuda::CUDAGuard deviceGuard(op.call.device);
-    op.work->stash(concat(concat(op.call.keepAlive, op.call.outputs), scratch[i]));
-    op.work->markLaunched(*op.state->stream);
-    track(op.work, op.capturing);
+    c10::cuda::CUDAGuard deviceGuard(ops[i].call.device);
+    ops[i].work->stash(concat(concat(ops[i].call.keepAlive, ops[i].call.outputs), scratch[i]));
+    ops[i].work->recordEnd(*ops[i].state->stream);  // right after the group's kernels
   }
+  return ops;
 }
 
 // ---- collectives -------------------------------------------------------------------------

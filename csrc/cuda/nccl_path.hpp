@@ -92,6 +92,7 @@ class NcclPath final : public CudaPath {
     std::optional<c10::cuda::CUDAStream> stream;  // the dedicated NCCL stream
     int minCompCap = 0;                           // lowest compute capability over the ranks (fp8 rule)
     std::vector<rules::GpuIdentity> identities;   // every rank's GPU, by rank (empty when adopted)
+    int ordinal = 0;                              // order of first use: pairs the ranks' communicators
   };
   struct Call {  // one op, as launch() needs it
     const char* op;
@@ -129,13 +130,20 @@ class NcclPath final : public CudaPath {
     std::function<void(const Launch&)> body;
     c10::intrusive_ptr<NcclWork> work;
     bool capturing;
+    std::exception_ptr failure;  // set by issueGroup when the group failed
   };
   // With deps_.orderMutex held: whether the calling thread has a coalesced group open.
   bool joinsOpenGroup();
-  // With deps_.orderMutex held: issues the calling thread's deferred ops as one NCCL group
-  // (leaving the group open when `close` is false).
-  void issueOpenGroup(bool close);
-  void issueGroup(std::vector<Deferred> ops);
+  // With deps_.orderMutex held: issues the deferred ops as one NCCL group (leaving the window
+  // open when `close` is false). Returns them; the caller finishes them (finishIssued) once it
+  // has released the order mutex, because their futures' callbacks may issue ops.
+  std::vector<Deferred> issueOpenGroup(bool close);
+  std::vector<Deferred> issueGroup(std::vector<Deferred> ops);
+  void finishIssued(std::vector<Deferred> ops);
+  // A Work whose issue failed (the group is failed already) keeps `tensors` until what NCCL has
+  // of it has run, and fails: in watch() (the failure sticks), or here when it is not watched.
+  void failIssued(const c10::intrusive_ptr<NcclWork>& work, const c10::cuda::CUDAStream& stream,
+                  std::vector<at::Tensor> tensors, bool capturing, std::exception_ptr failure);
   // Hands a launched Work to the watchdog (or, while capturing a CUDA graph, to nobody).
   void track(const c10::intrusive_ptr<NcclWork>& work, bool capturing);
   std::shared_ptr<NcclWatchdog> currentWatchdog();

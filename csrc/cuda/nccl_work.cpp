@@ -37,6 +37,10 @@ void NcclWork::recordEnd(const c10::cuda::CUDAStream& ncclStream) {
 
 void NcclWork::markLaunched(const c10::cuda::CUDAStream& ncclStream) {
   recordEnd(ncclStream);
+  completeFuture(ncclStream);
+}
+
+void NcclWork::completeFuture(const c10::cuda::CUDAStream& ncclStream) {
   // The future records its own event on the current stream of the device: make that the NCCL
   // stream, so waiting on the future means waiting on the collective.
   c10::cuda::CUDAMultiStreamGuard guard(ncclStream);

@@ -46,7 +46,9 @@ class NcclWork final : public c10d::Work {
   // Launching thread, in this order around the NCCL call(s).
   void stash(std::vector<at::Tensor> tensors);
   void waitForCaller(const c10::cuda::CUDAStream& current, const c10::cuda::CUDAStream& ncclStream);
-  void markLaunched(const c10::cuda::CUDAStream& ncclStream);  // recordEnd, then the future completes
+  void markLaunched(const c10::cuda::CUDAStream& ncclStream);  // recordEnd, then completeFuture
+  // The future completes with the outputs, `ncclStream` current: its waiters wait on that stream.
+  void completeFuture(const c10::cuda::CUDAStream& ncclStream);
   // The end event goes on the NCCL stream after whatever NCCL has of the op (all of it, or part
   // of it when issuing failed: the failed Work then keeps its tensors until that has run).
   void recordEnd(const c10::cuda::CUDAStream& ncclStream);

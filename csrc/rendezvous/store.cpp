@@ -22,7 +22,7 @@ std::string StoreRendezvous::get(const std::string& key, const std::string& wait
                    "every rank of the group must call init_process_group/new_group with the same "
                    "world size; check that the rank named above started and reached it. If the store outlives "
                    "runs (a file:// path, a store passed to init_process_group) and an earlier run on it "
-                   "crashed during set-up, its run counter (ddplite/runs) can pair this run's ranks wrongly: "
+                   "crashed during set-up, its run counter (ddplite/runs/size<N>) can pair this run's ranks wrongly: "
                    "start from a fresh store");
   }
 }
