@@ -58,10 +58,6 @@ py::dict ncclBuildInfo() {
 #endif
 }
 
-}  // namespace
-
-namespace {
-
 namespace rules = ddplite::nccl::rules;
 using IdentityTuple = std::tuple<std::string, std::string, std::string, int, int, bool>;
 

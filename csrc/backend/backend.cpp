@@ -174,7 +174,7 @@ std::exception_ptr p2pFailure(const OpContext& ctx, std::exception_ptr error, co
 namespace {
 // A store that outlives a run (a persistent store handed to init_process_group again, a file://
 // path not deleted) still holds the earlier run's keys: addresses of listeners that are gone, an
-// NCCL unique id. Each run of a group therefore works under "ddplite/run<k>/", k counted by
+// NCCL unique id. Each run of a group therefore works under "ddplite/size<N>/run<k>/", k counted by
 // "ddplite/runs/size<N>", to which every rank of the group adds 1 once, so one run's ranks all
 // get k (counted per group size: a later run may give the same group name another size).
 c10::intrusive_ptr<c10d::Store> runScopedStore(const c10::intrusive_ptr<c10d::Store>& store, int size) {
@@ -186,7 +186,7 @@ c10::intrusive_ptr<c10d::Store> runScopedStore(const c10::intrusive_ptr<c10d::St
                    "the store (MASTER_ADDR:MASTER_PORT, or the file:// path) must be reachable from every rank");
   }
   return c10::make_intrusive<c10d::PrefixStore>(strCat("ddplite/size", size, "/run", (arrival - 1) / std::max(size, 1)),
-                                                store);
+                                                store);  // size < 1 is refused just after
 }
 }  // namespace
 

@@ -106,8 +106,8 @@ class PartsWork final : public c10d::Work {
   }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return aggregate_->getFuture(); }
   // The parts' own WorkResults (an NCCL part's is set by the watchdog, after its future, which
-  // completes at launch, so the aggregate's would say SUCCESS too early): the first that is not
-  // SUCCESS, once every part has one. The aggregate's where a part has none.
+  // completes at launch, so the aggregate's would say SUCCESS too early): once every part has
+  // one, the first in issue order that is not SUCCESS. The aggregate's where a part has none.
   c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override {
     std::lock_guard<std::mutex> lock(resultMutex_);
     if (!result_) result_ = combinedResult();
@@ -117,38 +117,22 @@ class PartsWork final : public c10d::Work {
 
  private:
   c10::intrusive_ptr<c10::ivalue::Future> combinedResult() {
-    std::vector<c10::intrusive_ptr<c10::ivalue::Future>> results;
+    c10::List<c10::intrusive_ptr<c10::ivalue::Future>> results(c10::FutureType::create(c10::IntType::get()));
     try {
       for (const auto& part : parts_) results.push_back(part->getFutureResult());
     } catch (const std::exception&) {  // a part without getFutureResult
       return aggregate_->getFutureResult();
     }
-    auto combined = c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get());
-    struct State {  // `remaining` counts down (acq_rel); `outcome` is guarded by `mutex`
-      std::atomic<size_t> remaining;
-      std::mutex mutex;
-      int64_t outcome = static_cast<int64_t>(c10d::WorkResult::SUCCESS);
-      explicit State(size_t n) : remaining(n) {}
-    };
-    auto state = std::make_shared<State>(results.size());
-    for (auto& result : results) {
-      result->addCallback([state, combined](c10::ivalue::Future& done) {
-        int64_t value = static_cast<int64_t>(c10d::WorkResult::COMM_ERROR);
-        if (!done.hasError() && done.value().isInt()) value = done.value().toInt();
-        {
-          std::lock_guard<std::mutex> lock(state->mutex);
-          if (state->outcome == static_cast<int64_t>(c10d::WorkResult::SUCCESS)) state->outcome = value;
-        }
-        if (state->remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-        int64_t outcome = 0;
-        {
-          std::lock_guard<std::mutex> lock(state->mutex);  // every part has recorded its value by now
-          outcome = state->outcome;
-        }
-        combined->markCompleted(outcome);
-      });
-    }
-    return combined;
+    return c10::collectAll(results)->then(
+        [results](c10::ivalue::Future&) -> c10::IValue {
+          for (const auto& result : results) {
+            const c10::intrusive_ptr<c10::ivalue::Future> done = result;
+            const int64_t value = done->value().toInt();
+            if (value != static_cast<int64_t>(c10d::WorkResult::SUCCESS)) return value;
+          }
+          return static_cast<int64_t>(c10d::WorkResult::SUCCESS);
+        },
+        c10::IntType::get());
   }
 
   const c10::intrusive_ptr<DdpliteWork> aggregate_;

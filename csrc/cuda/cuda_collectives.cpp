@@ -10,6 +10,12 @@ namespace {
 
 using RedOpType = c10d::ReduceOp::RedOpType;
 
+// The scalar type NCCL reduces: a complex tensor reduces its real view (and torch's PREMUL_SUM
+// factor is real).
+at::ScalarType reducedScalarType(at::ScalarType dtype) {
+  return at::isComplexType(dtype) ? c10::toRealValueType(dtype) : dtype;
+}
+
 // An ncclRedOp_t for one NCCL call: a built-in op, or a PREMUL_SUM op created on the
 // communicator and destroyed when this goes out of scope (NCCL allows destroying it as soon as
 // the call that uses it has returned).
@@ -63,12 +69,6 @@ RedOp::RedOp(const Launch& launch, const at::Tensor& tensor, const c10d::ReduceO
   }
 }
 
-// The factor's scalar type is the reduced one: a complex tensor reduces its real view, so its
-// factor is the real part's type (torch's PREMUL_SUM factor is real).
-at::ScalarType reducedScalarType(at::ScalarType dtype) {
-  return at::isComplexType(dtype) ? c10::toRealValueType(dtype) : dtype;
-}
-
 void RedOp::createPreMulSum(const Launch& launch, const at::Tensor& tensor, const c10d::ReduceOp& op,
                             ncclDataType_t type) {
   const auto* supplement = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
@@ -92,9 +92,7 @@ void RedOp::createPreMulSum(const Launch& launch, const at::Tensor& tensor, cons
       case at::kFloat: result = preMulSumHost(&op_, static_cast<float>(factor), type, launch.comm); break;
       case at::kDouble: result = preMulSumHost(&op_, factor, type, launch.comm); break;
       default:
-        throwValueError(launch.ctx, strCat("ReduceOp.PREMUL_SUM on CUDA supports floating dtypes, not ",
-                                           tensor.scalar_type()),
-                        "convert the tensor to a floating dtype");
+        DDPLITE_ENFORCE(false, "PREMUL_SUM of ", tensor.scalar_type(), " reached the launch (checkReduceOp refuses it)");
     }
   }
   checkIssued(launch, "ncclRedOpCreatePreMulSum", result);
@@ -169,20 +167,12 @@ Payload payloadOf(const at::Tensor& tensor) {
   return Payload{static_cast<size_t>(tensor.nbytes()), ncclUint8, 1};
 }
 
-Payload reductionPayloadOf(const OpContext& ctx, const at::Tensor& tensor) {
-  const at::ScalarType dtype = tensor.scalar_type();
-  if (at::isComplexType(dtype)) {
-    const at::ScalarType real = c10::toRealValueType(dtype);
-    return Payload{static_cast<size_t>(tensor.numel()) * 2, *nativeType(real), c10::elementSize(real)};
-  }
-  auto type = nativeType(dtype);
-  if (!type) {
-    throwValueError(ctx, strCat("NCCL cannot reduce ", dtype, " tensors (NCCL ", versionText(compiledVersion()), ")"),
-                    "reduce in a dtype NCCL has (float32, float64, float16, bfloat16, int8, uint8, int32, uint32, "
-                    "int64, uint64, bool, complex via its real view; float8 with NCCL >= 2.24 on sm90), or run the "
-                    "op on CPU tensors");
-  }
-  return Payload{static_cast<size_t>(tensor.numel()), *type, static_cast<size_t>(tensor.element_size())};
+Payload reductionPayloadOf(const at::Tensor& tensor) {
+  const at::ScalarType reduced = reducedScalarType(tensor.scalar_type());
+  const auto type = nativeType(reduced);
+  DDPLITE_ENFORCE(type.has_value(), "reduction of ", tensor.scalar_type(), " reached the launch (checkReduceOp refuses it)");
+  const size_t values = static_cast<size_t>(tensor.numel()) * (reduced == tensor.scalar_type() ? 1 : 2);
+  return Payload{values, *type, c10::elementSize(reduced)};
 }
 
 void checkReduceOp(const OpContext& ctx, at::ScalarType dtype, const c10d::ReduceOp& op, int minCompCap) {
@@ -210,7 +200,7 @@ void checkReduceOp(const OpContext& ctx, at::ScalarType dtype, const c10d::Reduc
                                   " elements; it must have exactly one"),
                       "pass a one-element tensor or a Python number to _make_nccl_premul_sum");
     }
-    const at::ScalarType real = at::isComplexType(dtype) ? c10::toRealValueType(dtype) : dtype;
+    const at::ScalarType real = reducedScalarType(dtype);
     if (real != at::kHalf && real != at::kBFloat16 && real != at::kFloat && real != at::kDouble) {
       throwValueError(ctx, strCat("ReduceOp.PREMUL_SUM on CUDA supports floating dtypes, not ", dtype),
                       "convert the tensor to float16, bfloat16, float32 or float64");
@@ -266,14 +256,14 @@ void broadcast(const Launch& launch, at::Tensor& tensor, int root) {
 }
 
 void allreduce(const Launch& launch, at::Tensor& tensor, const c10d::ReduceOp& op) {
-  const Payload payload = reductionPayloadOf(launch.ctx, tensor);
+  const Payload payload = reductionPayloadOf(tensor);
   RedOp redOp(launch, tensor, op, payload.type);
   DDPLITE_NCCL_ISSUE(launch, ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), payload.count, payload.type,
                                            redOp.get(), launch.comm, launch.stream));
 }
 
 void reduce(const Launch& launch, at::Tensor& tensor, const c10d::ReduceOp& op, int root) {
-  const Payload payload = reductionPayloadOf(launch.ctx, tensor);
+  const Payload payload = reductionPayloadOf(tensor);
   RedOp redOp(launch, tensor, op, payload.type);
   DDPLITE_NCCL_ISSUE(launch, ncclReduce(tensor.data_ptr(), tensor.data_ptr(), payload.count, payload.type, redOp.get(),
                                         root, launch.comm, launch.stream));
@@ -300,7 +290,7 @@ void allgatherList(const Launch& launch, const at::Tensor& input, std::vector<at
 }
 
 void reduceScatterInto(const Launch& launch, const at::Tensor& input, at::Tensor& output, const c10d::ReduceOp& op) {
-  const Payload payload = reductionPayloadOf(launch.ctx, output);
+  const Payload payload = reductionPayloadOf(output);
   RedOp redOp(launch, output, op, payload.type);
   DDPLITE_NCCL_ISSUE(launch, ncclReduceScatter(input.data_ptr(), output.data_ptr(), payload.count, payload.type,
                                                redOp.get(), launch.comm, launch.stream));

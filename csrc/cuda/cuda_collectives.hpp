@@ -50,9 +50,9 @@ struct Payload {
   size_t unitBytes;  // bytes per counted unit
 };
 Payload payloadOf(const at::Tensor& tensor);
-// What NCCL reduces for `tensor` (complex: the real view's elements). ValueError where NCCL cannot
-// reduce the dtype (bool has its own ops: see checkReduceOp).
-Payload reductionPayloadOf(const OpContext& ctx, const at::Tensor& tensor);
+// What NCCL reduces for `tensor` (complex: the real view's elements), for a dtype checkReduceOp
+// accepted.
+Payload reductionPayloadOf(const at::Tensor& tensor);
 // Throws ValueError for ops NCCL lacks (bitwise), dtype/op pairs it refuses, and float8 on a group
 // whose lowest compute capability (major * 10 + minor) is below 9.0.
 void checkReduceOp(const OpContext& ctx, at::ScalarType dtype, const c10d::ReduceOp& op, int minCompCap);

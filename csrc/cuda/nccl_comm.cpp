@@ -184,17 +184,14 @@ NcclComm::~NcclComm() {
   // Errors at teardown have no one left to report to.
 #if DDPLITE_NCCL_HAS_NONBLOCKING
   const ncclResult_t finalizing = ncclCommFinalize(comm_);
-  bool settled = finalizing == ncclSuccess || finalizing == ncclInProgress;
-  if (settled && finalizing == ncclInProgress) {
-    const rules::PollResult polled = rules::pollWhileInProgress(
-        [this] {
-          ncclResult_t state = ncclSuccess;
-          const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
-          return static_cast<int>(asked != ncclSuccess ? asked : state);
-        },
-        ncclInProgress, ncclSuccess, [] { return std::chrono::steady_clock::now(); },
-        std::chrono::steady_clock::now() + kFinalizeWait, [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
-    settled = polled.outcome == rules::PollOutcome::kDone;
+  bool settled = finalizing == ncclSuccess;
+  if (finalizing == ncclInProgress) {
+    try {
+      waitWhileInProgress(OpContext{}, "ncclCommFinalize", comm_, std::chrono::steady_clock::now() + kFinalizeWait);
+      settled = true;
+    } catch (const std::exception&) {
+      // failed or still running after kFinalizeWait: abort below
+    }
   }
   if (settled) {
     ncclCommDestroy(comm_);

@@ -18,6 +18,12 @@ namespace nccl {
 
 namespace {
 
+// An error's message for another message: c10 errors without their C++ backtrace.
+std::string messageOf(const std::exception& error) {
+  const auto* c10Error = dynamic_cast<const c10::Error*>(&error);
+  return c10Error != nullptr ? c10Error->what_without_backtrace() : error.what();
+}
+
 // A deferred op that will never be issued: its Work fails (future and WorkResult included).
 void failNeverIssued(NcclWork& work, const OpContext& ctx, const char* why, const char* hint) {
   try {
@@ -165,7 +171,7 @@ std::unique_ptr<CudaSplit> NcclPath::split(const std::vector<int>& members) {
       child = NcclComm::split(*state->comm, args.color, args.key, static_cast<int>(members.size()), ctx, deadline);
     } catch (const std::exception& error) {
       failGroup(WatchdogFailure{strCat("split_group: ncclCommSplit failed on ", state->comm->device(), ": [",
-                                       error.what(), "]; the NCCL communicators were aborted"),
+                                       messageOf(error), "]; the NCCL communicators were aborted"),
                                 "check that every rank of the parent group called split_group with disjoint lists"});
       throw;
     }
@@ -476,11 +482,8 @@ void NcclPath::issue(DeviceState& state, const OpContext& ctx, const c10::cuda::
       std::vector<std::function<void()>> after;
       body(Launch{ctx, lease.comm(), stream, &scratch, deadline, &after, [&lease] { return lease.abortRequested(); }});
       runAfter(after);
-    } catch (const c10::Error& error) {  // DistBackendError from an NCCL call, ValueError, CUDA errors
-      what = error.what_without_backtrace();
-      failure = std::current_exception();
-    } catch (const std::exception& error) {
-      what = error.what();
+    } catch (const std::exception& error) {  // DistBackendError from an NCCL call, CUDA errors
+      what = messageOf(error);
       failure = std::current_exception();
     }
   }  // the Lease is released before failGroup aborts the communicator
@@ -544,11 +547,8 @@ std::vector<NcclPath::Deferred> NcclPath::issueGroup(std::vector<Deferred> ops) 
         c10::cuda::CUDAStreamGuard streamGuard(*ops[i].state->stream);
         runAfter(after[i]);
       }
-    } catch (const c10::Error& error) {
-      what = error.what_without_backtrace();
-      failure = std::current_exception();
     } catch (const std::exception& error) {
-      what = error.what();
+      what = messageOf(error);
       failure = std::current_exception();
     }
   }  // leases released
