@@ -3,6 +3,7 @@
 #include "common/env.hpp"
 #include "cpu/algorithms/selector.hpp"
 #include "cpu/reduce/reduce_kernels.hpp"
+#include "cpu/shm/shm_algorithms.hpp"
 #include "cpu/transport/auth.hpp"
 #include "cpu/transport/net_iface.hpp"
 #include "cpu/transport/tcp.hpp"
@@ -331,6 +332,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("available_algorithms", &ddplite::cpu::availableAlgorithms, "(collective, [algorithm names]).");
   m.def("automatic_algorithm", &ddplite::cpu::automaticChoiceByName, py::arg("collective"), py::arg("bytes"),
         py::arg("world_size"), "The algorithm the automatic rule picks (pins ignored); docs/algorithms.md.");
+  m.def("shm_reduce_scatter_piece_count", &ddplite::cpu::shm::reduceScatterPieceCount, py::arg("chunk_bytes"),
+        py::arg("world_size"), py::arg("element_size"),
+        "Elements per piece of reduce_scatter through shared memory; 0: it goes over TCP (cpu/shm/).");
 
   // Reduction kernels (std::invalid_argument surfaces as ValueError).
   m.def(

@@ -28,9 +28,10 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The fast subset: the sweeps against gloo and closed forms, mismatches, failures and timeouts,
-# groups and point-to-point, the property test. Ordered so that the broad sweeps run first.
+# groups and point-to-point, the property test, the shared-memory path's own tests. Ordered so
+# that the broad sweeps run first.
 SUBSET = ["tests/test_collectives.py", "tests/test_mismatch.py", "tests/test_failures.py",
-          "tests/test_p2p_groups.py", "tests/test_property.py"]
+          "tests/test_p2p_groups.py", "tests/test_property.py", "tests/test_shm.py"]
 
 
 @dataclasses.dataclass
@@ -72,8 +73,8 @@ MUTANTS = [
            "case c10::kChar: return integral<uint8_t>(op);",
            "a dtype case dispatched to the wrong type (int8 reduced as uint8)"),
     Mutant("deadline_wrong_unit", "backend/backend.cpp",
-           "body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout,",
-           "body(cpu::CpuContext{*transport_, scratch_, Clock::now() + timeout * 1000,",
+           "const Deadline deadline = Clock::now() + run.timeout;",
+           "const Deadline deadline = Clock::now() + run.timeout * 1000;",
            "collective deadline computed in the wrong unit (the timeout read as seconds, not ms)"),
     Mutant("butterfly_skips_last_step", "cpu/algorithms/allreduce_butterfly.cpp",
            "for (int distance = 1; distance < fold.p2; distance *= 2) {",
@@ -115,6 +116,47 @@ MUTANTS = [
            "    const Span& from = args.sendSpans[peer];\n    transport.send(peer,",
            "    const Span& from = args.sendSpans[(peer + 1) % transport.size()];\n    transport.send(peer,",
            "scatter: the root sends each rank the span meant for the next one"),
+    # The shared-memory path (cpu/shm/, the default on one host) and its send/recv channels.
+    Mutant("shm_reduce_drops_last_rank", "cpu/shm/shm_algorithms.hpp",
+           "args.reduceMany(out, sources.data(), group.size(), count);",
+           "args.reduceMany(out, sources.data(), group.size() - 1, count);",
+           "shared-memory reductions leave out the last rank's buffer"),
+    Mutant("shm_allreduce_copies_own_slice", "cpu/shm/allreduce.cpp",
+           "std::memcpy(out + first * es, group.buffer(owner, step) + first * es, n * es);",
+           "std::memcpy(out + first * es, group.buffer(rank, step) + first * es, n * es);",
+           "large shared-memory all_reduce copies each slice out of its own buffer, not the owner's reduced one"),
+    Mutant("shm_broadcast_reads_own_buffer", "cpu/shm/broadcast.cpp",
+           "std::memcpy(args.data + offset, group.buffer(args.root, step), bytes);",
+           "std::memcpy(args.data + offset, group.buffer(group.rank(), step), bytes);",
+           "shared-memory broadcast: a non-root copies from its own buffer instead of the root's"),
+    Mutant("shm_allgather_wrong_slot", "cpu/shm/allgather.cpp",
+           "if (owner != rank) std::memcpy(args.data + owner * block + offset, group.buffer(owner, step), bytes);",
+           "if (owner != rank) std::memcpy(args.data + rank * block + offset, group.buffer(owner, step), bytes);",
+           "shared-memory all_gather stores every peer's block in this rank's slot"),
+    Mutant("shm_reduce_scatter_wrong_piece", "cpu/shm/reduce_scatter.cpp",
+           "reduceInRankOrder(group, args, mine + first * es, rank * bytes, count, step);",
+           "reduceInRankOrder(group, args, mine + first * es, (size - 1 - rank) * bytes, count, step);",
+           "shared-memory reduce_scatter reduces another rank's piece into this rank's block"),
+    Mutant("shm_reduce_root_is_rank_zero", "cpu/shm/reduce.cpp",
+           "const bool root = group.rank() == args.root;",
+           "const bool root = group.rank() == 0;",
+           "shared-memory reduce: rank 0 reduces whatever the root"),
+    Mutant("shm_barrier_does_not_wait", "cpu/shm/barrier.cpp",
+           "  group.waitAllPosted(step, 0, args.deadline);\n",
+           "",
+           "shared-memory barrier: a rank posts and leaves without waiting for the others"),
+    Mutant("shm_fingerprint_unchecked", "cpu/shm/shm_group.cpp",
+           "if (!agrees(header, current_, stepBytes)) {",
+           "if (false && !agrees(header, current_, stepBytes)) {",
+           "shared-memory steps do not compare the peer's fingerprint (mismatched collectives mix bytes)"),
+    Mutant("channel_head_off_by_one", "cpu/shm/channels.cpp",
+           "const size_t at = static_cast<size_t>(head % ringBytes_);",
+           "const size_t at = static_cast<size_t>((head + 1) % ringBytes_);",
+           "send/recv channel: the producer writes one byte past the ring's head"),
+    Mutant("channel_tail_off_by_one", "cpu/shm/channels.cpp",
+           "const size_t at = static_cast<size_t>(tail % ringBytes_);",
+           "const size_t at = static_cast<size_t>((tail + 1) % ringBytes_);",
+           "send/recv channel: the consumer reads one byte past the ring's tail"),
 ]
 
 
@@ -203,6 +245,24 @@ def apply(workdir, mutant):
     return text
 
 
+def merged_table(path, lines, head):
+    """The table at `path` with the rows of `lines` (a run with --only) put in: a mutant's new row
+    replaces its old one, new mutants are appended; the first line says which commit each part is
+    from, and the count is recomputed."""
+    with open(path) as handle:
+        old = handle.read().splitlines()
+    rows = {}
+    for line in old + lines:
+        if line.startswith("| `"):
+            rows[line.split("`")[1]] = line
+    order = [m.name for m in MUTANTS if m.name in rows]
+    killed = sum(1 for name in order if "| killed |" in rows[name])
+    first = old[0] if old and old[0].startswith("Mutants of commit") else lines[0]
+    updated = ", ".join(line.split("`")[1] for line in lines if line.startswith("| `"))
+    return "\n".join([first, f"Rerun at commit `{head}` with `--only` for: {updated}.", "", *lines[2:4],
+                      *(rows[name] for name in order), "", f"{killed} of {len(order)} killed."]) + "\n"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run these mutants only")
@@ -265,7 +325,9 @@ def main():
     lines += ["", f"{killed} of {len(rows)} killed."]
     table = "\n".join(lines) + "\n"
     print(table)
-    if args.table and not args.only:
+    if args.table and args.only and os.path.exists(args.table):
+        table = merged_table(args.table, lines, head)
+    if args.table:
         os.makedirs(os.path.dirname(args.table), exist_ok=True)
         with open(args.table, "w") as handle:
             handle.write(table)

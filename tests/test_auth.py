@@ -202,3 +202,63 @@ def test_whole_job_under_attack_starts_and_computes(transport):
             connection.close()
     for index, (rank, (out, err)) in enumerate(zip(ranks, outputs)):
         assert rank.returncode == 0 and "RESULT ok 5" in out, f"rank {index} failed:\n{out}\n{err[-4000:]}"
+
+
+def _key_file(folder, name, key):
+    path = os.path.join(folder, name)
+    with open(path, "wb") as handle:
+        handle.write(key)
+    os.chmod(path, 0o600)
+    return path
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_key_file_keeps_the_secret_out_of_the_store(transport, tmp_path):
+    """DDPLITE_AUTH_KEY_FILE on every rank: the job runs, and the store holds neither the key nor
+    a secret that lets its readers join: only 'external <salt> <check>' (docs/security.md)."""
+    import review_workers
+    from harness import run_ranks
+
+    key = os.urandom(32)
+    path = _key_file(str(tmp_path), "key", key + b"\n")
+    env = {"DDPLITE_CPU_TRANSPORT": transport} if transport == "tcp" else {}
+    results = run_ranks(review_workers.job_with_key_file, 2, str(tmp_path / "store"), [path, path], backend=None,
+                        env=env)
+    for rank, result in enumerate(results):
+        assert "error" not in result, result.get("error")
+        assert result["sum"] == [3.0] * 5
+    store = results[0]["store"]
+    assert key not in store and key.hex().encode() not in store
+    assert b"external " in store
+    # the store's values: no 64-hex-digit secret follows any auth/secret key
+    assert not any(len(word) == 64 for word in store.split(b"external ")[0].split() if b"secret" in word)
+
+
+@pytest.mark.parametrize("case", ["other key", "no key on rank 1", "no key on rank 0"])
+def test_ranks_that_disagree_about_the_key_fail_at_once_and_say_so(case, tmp_path):
+    import review_workers
+    from harness import run_ranks
+
+    mine = _key_file(str(tmp_path), "mine", os.urandom(32))
+    other = _key_file(str(tmp_path), "other", os.urandom(32))
+    keys = {"other key": [mine, other], "no key on rank 1": [mine, None], "no key on rank 0": [None, mine]}[case]
+    started = time.monotonic()
+    results = run_ranks(review_workers.job_with_key_file, 2, str(tmp_path / "store"), keys, backend=None,
+                        timeout_s=120)
+    expected = {"other key": "holds another key than rank 0's",
+                "no key on rank 1": "rank 0 authenticates connections with a key from DDPLITE_AUTH_KEY_FILE; rank 1 has none",
+                "no key on rank 0": "but rank 0 has none"}[case]
+    kind, message = results[1]["error"]
+    assert kind == "DistBackendError" and expected in message, results[1]["error"]
+    assert time.monotonic() - started < 60  # rank 1 says so at once; rank 0 fails when rank 1 is gone
+
+
+def test_a_short_key_file_is_refused(tmp_path):
+    import review_workers
+    from harness import run_ranks
+
+    short = _key_file(str(tmp_path), "short", b"0123456789")
+    results = run_ranks(review_workers.job_with_key_file, 2, str(tmp_path / "store"), [short, short], backend=None)
+    for result in results:
+        kind, message = result["error"]
+        assert kind == "DistBackendError" and "holds 10 bytes; a key needs at least 16" in message, result["error"]

@@ -412,3 +412,41 @@ def test_rank_killed_in_hierarchical_allreduce_is_reported_everywhere(hosts, vic
         assert f"rank {victim}" in outcome["message"], (rank, outcome["message"])
     assert network.pids() == []
     assert {name for name in os.listdir("/dev/shm") if name.startswith("ddplite-")} <= before
+
+
+REFUSED_THEN_LATE = """
+import json, sys
+from datetime import timedelta
+sys.path.insert(0, sys.argv[5])
+import torch.distributed as dist
+import torch_ddp_lite, review_workers
+url, rank, size, late = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=60))
+outcome = review_workers.refused_then_late_leader(rank, size, late)
+outcome["path"] = torch_ddp_lite.cpu_path()[0]
+dist.destroy_process_group()
+print("OUTCOME " + json.dumps(outcome), flush=True)
+"""
+
+
+def test_refused_call_then_a_late_leader_is_no_mismatch(hosts):
+    """2 hosts x 2 ranks, hierarchical: every rank refuses the same call (ValueError), then host
+    1's leader (rank 2) enters the next all_reduce half a second late, so host 0's leader's first
+    message for it already waits on its socket. That message belongs to the new op, not to the
+    refused one: the all_reduce must give the sum on every rank (it raised a collective mismatch
+    before issue 30's fix)."""
+    network = hosts(2)
+    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
+    env = host_environment("eth0")
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    jobs = [start(network.run(host, [sys.executable, "-c", REFUSED_THEN_LATE, url, str(rank), "4", "2", tests_dir]),
+                  env) for rank, host in enumerate([0, 0, 1, 1])]
+    results = finish(jobs, timeout=300)
+    for rank, (returncode, output, _) in enumerate(results):
+        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
+        assert returncode == 0 and reported, f"rank {rank}:\n{output[-5000:]}"
+        outcome = json.loads(reported[0][len("OUTCOME "):])
+        assert outcome["path"] == "hierarchical", outcome
+        assert outcome["refused"][0] == "ValueError", (rank, outcome)
+        assert outcome["result"] == ["ok", ""] and outcome["right"], (rank, outcome)
+    assert network.pids() == []

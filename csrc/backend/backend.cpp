@@ -1,5 +1,7 @@
 #include "backend/backend.hpp"
 
+#include "common/gil.hpp"
+
 #include "backend/sparse_allreduce.hpp"
 #include "backend/validation.hpp"
 #include "common/env.hpp"
@@ -124,6 +126,19 @@ c10d::WorkResult workResultOf(const std::exception_ptr& error) {
     return workResultOf(failure);
   } catch (...) {
     return c10d::WorkResult::COMM_ERROR;
+  }
+}
+
+// What an exception says, for another message (c10 errors without their C++ backtrace).
+std::string describeException(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const c10::Error& error) {
+    return error.what_without_backtrace();
+  } catch (const std::exception& error) {
+    return strCat(c10::demangle(typeid(error).name()), ": ", error.what());
+  } catch (...) {
+    return "an unknown exception";
   }
 }
 
@@ -365,10 +380,16 @@ void DdpliteBackend::connectMpi(bool mpiTransport) {
 }
 
 DdpliteBackend::~DdpliteBackend() {
+  // The threads are joined here, without the GIL (common/gil.hpp), not by the members' own
+  // destructors after this body, which would run with the GIL the caller holds.
+  GilReleasedScope released;
   // Destroyed without destroy_process_group (shutdown): the CUDA path aborts rather than wait for
   // queued NCCL work, as ProcessGroupNCCL's destructor does (cuda/rules/nccl_rules.hpp).
   if (!closed_.load() && cuda_) cuda_->abandon();
   shutdown();
+  worker_.reset();
+  p2p_.reset();
+  cuda_.reset();
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> DdpliteBackend::getBackendOptions() {
@@ -524,9 +545,29 @@ void DdpliteBackend::runOp(DdpliteWork& work, const OpRun& run, const CpuBody& b
     outcome = workResultOf(error);
   } catch (...) {
     failure = std::current_exception();
+    if (segmentLeftOpen()) breakAfterAbandonedCollective(work.context(), failure);
   }
   if (arrivals_) arrivals_->end();
   work.markFinished(failure, outcome);
+}
+
+bool DdpliteBackend::segmentLeftOpen() const {
+  if (shm_ && shm_->collectiveOpen()) return true;
+  return hosts_ && hosts_->local() != nullptr && hosts_->local()->collectiveOpen();
+}
+
+void DdpliteBackend::breakAfterAbandonedCollective(const OpContext& ctx, const std::exception_ptr& failure) {
+  // This rank's flags no longer say what its buffers hold (it may have posted a step it never
+  // reduced): no rank may read them again. Every rank of the segment learns it at once
+  // (breakGroup); ranks on other hosts through the TCP connections closed below.
+  const std::string what = strCat(ctx.describe(), " left the collective part-way after an error (",
+                                  describeException(failure), "), which breaks the group");
+  if (!rendezvous_.recordedFailure()) rendezvous_.recordFailure(what);
+  markBroken(what);
+  DDPLITE_LOG(kWarn, what);
+  if (shm_) shm_->breakGroup();
+  if (hosts_) hosts_->breakGroup();
+  transport_->abort();
 }
 
 std::string DdpliteBackend::arrivalsNote(uint64_t seq) {
@@ -609,6 +650,32 @@ void DdpliteBackend::throwIfBroken(const OpContext& ctx) {
   }
 }
 
+void DdpliteBackend::settlePendingChecks() {
+  // A broadcast checks its peers' posts at its next step; when it was the last op, that is now.
+  // Bounded: a peer that is merely late gets a few seconds, not the group's timeout.
+  constexpr auto kSettleWithin = std::chrono::seconds(5);
+  bool broken = false;
+  {
+    std::lock_guard<std::mutex> lock(brokenMutex_);
+    broken = !brokenReason_.empty();
+  }
+  for (cpu::ShmGroup* group : {shm_.get(), hosts_ ? hosts_->local() : nullptr}) {
+    if (broken || group == nullptr || !group->checkPending()) continue;
+    try {
+      group->settlePendingCheck(Clock::now() + std::min<std::chrono::milliseconds>(
+                                                   kSettleWithin, std::chrono::milliseconds(timeoutMs_.load())));
+    } catch (const TransportError& error) {
+      DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": at shutdown, the check of this rank's last broadcast found ",
+                  error.kind() == TransportError::Kind::kTimeout ? "a peer that had not reached it yet: " : "that ",
+                  error.what(),
+                  error.kind() == TransportError::Kind::kMismatch
+                      ? ". That broadcast returned without an error here while its peers ran another collective; "
+                        "every rank must issue the same collectives in the same order"
+                      : "");
+    }
+  }
+}
+
 void DdpliteBackend::abort() {
   markBroken(strCat("abort() was called on rank ", rank_));
   if (mpiCollectives_) mpiCollectives_->abort();
@@ -621,8 +688,10 @@ void DdpliteBackend::abort() {
 
 void DdpliteBackend::shutdown() {
   if (closed_.exchange(true)) return;
+  GilReleasedScope released;  // it joins the worker (common/gil.hpp)
   if (cuda_) cuda_->shutdown();  // drains CUDA work first; staged ops finish on the worker below
   worker_->drainAndStop();
+  settlePendingChecks();  // the worker has stopped: this thread may use the segments now
   markBroken(strCat("the process group was shut down on rank ", rank_));
   transport_->abort();
   p2p_->abort();

@@ -222,6 +222,14 @@ class DdpliteBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> postRecv(const char* op, std::vector<at::Tensor>& tensors, int srcRank, int tag);
   OpContext nextP2pContext(const char* op);
   void markBroken(const std::string& reason);
+  // Whether an op left a shared-memory collective begun and not ended (cpu::ShmGroup).
+  bool segmentLeftOpen() const;
+  // For an exception (not a TransportError) that left a collective part-way on a segment: records
+  // and marks the failure, breaks every segment's group for all of its ranks, closes the TCP mesh.
+  void breakAfterAbandonedCollective(const OpContext& ctx, const std::exception_ptr& failure);
+  // shutdown(): settles a pending broadcast check on each segment (ShmGroup::settlePendingCheck),
+  // warning with what it finds. Once the worker has stopped.
+  void settlePendingChecks();
   void throwIfBroken(const OpContext& ctx);
   // The group's MPI communicator when this process is part of an MPI job (see bootstrap()), and
   // MPI's collectives on it when DDPLITE_CPU_TRANSPORT=mpi. Collective over the group.

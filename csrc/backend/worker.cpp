@@ -4,7 +4,7 @@
 
 namespace ddplite {
 
-Worker::Worker() : thread_([this] { loop(); }) {}
+Worker::Worker() : state_(std::make_shared<State>()), thread_([state = state_] { loop(*state); }) {}
 
 Worker::~Worker() {
   drainAndStop();
@@ -12,65 +12,80 @@ Worker::~Worker() {
 
 void Worker::enqueue(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->stopping) {
       throwDistError("the process group was shut down; no collective can be issued on it",
                      "create a new process group after destroy_process_group()");
     }
-    queue_.push_back(std::move(task));
+    state_->queue.push_back(std::move(task));
   }
-  wake_.notify_one();
+  state_->wake.notify_one();
 }
 
 bool Worker::tryClaimIdle() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (busy_ || stopping_ || !queue_.empty()) return false;
-  busy_ = true;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->busy || state_->stopping || !state_->queue.empty()) return false;
+  state_->busy = true;
   return true;
 }
 
 void Worker::enqueueFirst(std::function<void()> task) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  queue_.push_front(std::move(task));  // the worker waits for releaseClaim(): busy_ is set
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->queue.push_front(std::move(task));  // the worker waits for releaseClaim(): busy is set
 }
 
 void Worker::releaseClaim() {
   bool queued = false;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    busy_ = false;
-    queued = stopping_ || !queue_.empty();
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->busy = false;
+    queued = state_->stopping || !state_->queue.empty();
   }
   // Wake the worker only when it has something to do: a needless wake-up costs a context switch
   // on a core the peers' ranks may need.
-  if (queued) wake_.notify_one();
+  if (queued) state_->wake.notify_one();
 }
 
 void Worker::drainAndStop() {
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    // Destroyed from one of its own tasks (a future callback dropped the group's last reference):
+    // it cannot join itself, and the queued tasks belong to an owner that is going away. They are
+    // dropped; the thread ends after the current task, touching only the shared state.
+    std::deque<std::function<void()>> dropped;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      state_->stopping = true;
+      state_->abandoned = true;
+      dropped.swap(state_->queue);
+    }
+    thread_.detach();
+    return;
+  }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stopping = true;
   }
-  wake_.notify_one();
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
-    thread_.join();
-  }
+  state_->wake.notify_one();
+  thread_.join();
 }
 
-void Worker::loop() {
+void Worker::loop(State& state) {
   while (true) {
     std::function<void()> task;
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [this] { return !busy_ && (stopping_ || !queue_.empty()); });
-      if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
+      std::unique_lock<std::mutex> lock(state.mutex);
+      state.wake.wait(lock, [&state] { return !state.busy && (state.stopping || !state.queue.empty()); });
+      if (state.queue.empty()) return;  // stopping and drained
+      task = std::move(state.queue.front());
+      state.queue.pop_front();
+      state.busy = true;
     }
     task();  // tasks catch their own exceptions (see DdpliteBackend::enqueue)
-    std::lock_guard<std::mutex> lock(mutex_);
-    busy_ = false;
+    task = nullptr;  // its captures (tensors, Works) go before the next wait, not at the next task
+    std::lock_guard<std::mutex> lock(state.mutex);
+    state.busy = false;
+    if (state.abandoned) return;
   }
 }
 

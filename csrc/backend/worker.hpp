@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -32,17 +33,25 @@ class Worker {
   // While claimed: hands the caller's task to the worker after all, ahead of anything queued
   // since the claim (those were issued after it); it starts at releaseClaim().
   void enqueueFirst(std::function<void()> task);
-  // Runs every queued task, then stops the thread. Idempotent; enqueue() after it throws.
+  // Runs every queued task, then stops the thread. Idempotent; enqueue() after it throws. On the
+  // worker thread itself (its owner destroyed by a task's future callback) it drops the queued
+  // tasks instead and lets the thread end after the current one (detached).
   void drainAndStop();
 
  private:
-  void loop();
+  // Shared with the thread, so that a worker destroyed by one of its own tasks (drainAndStop on
+  // the worker thread) can let the thread finish that task and leave without touching `this`.
+  struct State {
+    std::mutex mutex;
+    std::condition_variable wake;
+    std::deque<std::function<void()>> queue;
+    bool busy = false;  // a task runs, on the worker or on a claiming caller; guarded by mutex
+    bool stopping = false;
+    bool abandoned = false;  // destroyed from its own thread: end after the current task
+  };
+  static void loop(State& state);
 
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<std::function<void()>> queue_;
-  bool busy_ = false;  // a task runs, on the worker or on a claiming caller; guarded by mutex_
-  bool stopping_ = false;
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 

@@ -6,8 +6,11 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -29,12 +32,14 @@ constexpr const char* kShmChunkBytes = "DDPLITE_SHM_CHUNK_BYTES";
 constexpr const char* kShmInlineBytes = "DDPLITE_SHM_INLINE_BYTES";
 constexpr const char* kCpuKernels = "DDPLITE_CPU_KERNELS";
 constexpr const char* kAuth = "DDPLITE_AUTH";
+constexpr const char* kAuthKeyFile = "DDPLITE_AUTH_KEY_FILE";
 constexpr const char* kTraceBufferSize = "DDPLITE_TRACE_BUFFER_SIZE";
 constexpr const char* kTorchTraceBufferSize = "TORCH_FR_BUFFER_SIZE";
 constexpr const char* kTraceDir = "DDPLITE_TRACE_DIR";
 constexpr const char* kTorchTraceFile = "TORCH_FR_DUMP_TEMP_FILE";
 constexpr const char* kTraceStacks = "DDPLITE_TRACE_STACKS";
 constexpr const char* kTraceSignal = "DDPLITE_TRACE_SIGNAL";
+constexpr const char* kTestHooks = "DDPLITE_TEST_HOOKS";
 
 // Defaults and allowed values, written once: the readers and the knob table both use these.
 // For a choice knob the first entry is the default.
@@ -148,6 +153,10 @@ const std::vector<Knob>& allKnobs() {
        "an HMAC-SHA256 challenge-response keyed by a secret rank 0 shares through the store; a connection that "
        "fails it is dropped with a warning naming its address. 0 skips it (saves one round trip per "
        "connection at set-up; nothing after set-up). Same on every rank. Read when a group is created"},
+      {kAuthKeyFile, "",
+       "A file holding the key (at least 16 bytes) that authenticates TCP connections, on every rank: the key "
+       "never enters the store, so only its holders can join even when others can read the store (docs/"
+       "security.md). Unset: rank 0 draws a secret and shares it through the store"},
       {kTraceBufferSize, std::to_string(kDefaultTraceBufferSize),
        "Flight recorder: ops remembered per process group (0 turns it off). Unset: TORCH_FR_BUFFER_SIZE, "
        "else the default"},
@@ -163,6 +172,11 @@ const std::vector<Knob>& allKnobs() {
       {kCudaStaging, *kStagings.begin(),
        "CUDA tensors: 'auto' uses NCCL except on a GPU shared by two ranks (then host memory + CPU transport, "
        "with a warning); 'always' stages every CUDA op; 'never' raises instead of staging. Same on every rank"},
+      {kTestHooks, "",
+       "For ddplite's own tests, never for jobs: comma-separated 'shm_first_step=<n>' (the shared-memory "
+       "steps start at n, to test their wrap at 2^32; same on every rank) and 'shm_fault=<rank>:<seq>' (that "
+       "group rank throws std::bad_alloc right after it posts a step of collective #seq) and "
+       "'shm_stall_attach=<rank>' (that group rank sleeps instead of attaching the segment)"},
   };
   return knobs;
 }
@@ -181,6 +195,7 @@ void validateAll() {
   traceBufferSize();
   readChoice(kTraceStacks, kOffSwitch);
   readChoice(kTraceSignal, kOffSwitch);
+  testHooks();
 }
 
 std::string socketIfname(std::string* source) {
@@ -284,6 +299,11 @@ std::string traceDumpPrefix() {
   return kDefaultTracePrefix;
 }
 
+std::string authKeyFile() {
+  const char* value = rawValue(kAuthKeyFile);
+  return value != nullptr ? value : "";
+}
+
 bool traceStacks() {
   return readChoice(kTraceStacks, kOffSwitch) == 1;
 }
@@ -306,6 +326,38 @@ CudaStaging cudaStaging() {
     case 2: return CudaStaging::kNever;
     default: return CudaStaging::kAuto;
   }
+}
+
+TestHooks testHooks() {
+  TestHooks hooks;
+  const char* value = rawValue(kTestHooks);
+  if (value == nullptr) return hooks;
+  const std::string allowed =
+      "use 'shm_first_step=<n>', 'shm_fault=<rank>:<seq>' and/or 'shm_stall_attach=<rank>', comma-separated "
+      "(unset: none)";
+  std::string spec(value);
+  size_t begin = 0;
+  while (begin <= spec.size()) {
+    const size_t end = std::min(spec.find(',', begin), spec.size());
+    const std::string item = spec.substr(begin, end - begin);
+    unsigned long long a = 0, b = 0;
+    int used = 0;
+    if (std::sscanf(item.c_str(), "shm_first_step=%llu%n", &a, &used) == 1 && used == static_cast<int>(item.size()) &&
+        a <= UINT32_MAX) {
+      hooks.shmFirstStep = static_cast<uint32_t>(a);
+    } else if (std::sscanf(item.c_str(), "shm_stall_attach=%llu%n", &a, &used) == 1 &&
+               used == static_cast<int>(item.size())) {
+      hooks.shmStallAttach = static_cast<int>(a);
+    } else if (std::sscanf(item.c_str(), "shm_fault=%llu:%llu%n", &a, &b, &used) == 2 &&
+               used == static_cast<int>(item.size()) && b > 0) {
+      hooks.shmFaultRank = static_cast<int>(a);
+      hooks.shmFaultSeq = b;
+    } else {
+      invalid(kTestHooks, value, allowed);
+    }
+    begin = end + 1;
+  }
+  return hooks;
 }
 
 }  // namespace ddplite::env

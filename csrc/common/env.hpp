@@ -77,6 +77,9 @@ bool fingerprintChecks();
 // (cpu/transport/auth.hpp). Read each time (a group reads it when it is created).
 bool authenticateConnections();
 
+// DDPLITE_AUTH_KEY_FILE: the path of the connection key (cpu/transport/auth.hpp); "" when unset.
+std::string authKeyFile();
+
 // Whether collectives check their arguments across ranks before running (backend/detail_check.hpp):
 // DDPLITE_DEBUG=DETAIL or TORCH_DISTRIBUTED_DEBUG=DETAIL. Read each time (a group reads it when
 // it is created). Never throws.
@@ -98,5 +101,15 @@ bool traceSignal();
 //   kAlways: always through host memory and the CPU transport; kNever: NCCL or an error.
 enum class CudaStaging { kAuto, kAlways, kNever };
 CudaStaging cudaStaging();
+
+// DDPLITE_TEST_HOOKS: fault injection and starting states for ddplite's own tests (env.cpp's help
+// text). Read each time; throws std::invalid_argument naming the knob for a malformed value.
+struct TestHooks {
+  uint32_t shmFirstStep = 0;  // the shared-memory steps start after this one (cpu/shm/shm_group.cpp)
+  int shmFaultRank = -1;      // this group rank throws std::bad_alloc after posting a step of ...
+  uint64_t shmFaultSeq = 0;   // ... collective #shmFaultSeq (0: never)
+  int shmStallAttach = -1;    // this group rank never attaches the segment (it sleeps; tests kill it)
+};
+TestHooks testHooks();
 
 }  // namespace ddplite::env

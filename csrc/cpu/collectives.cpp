@@ -174,14 +174,25 @@ void (*shmAlgorithmFor(Collective collective))(ShmGroup&, const AlgorithmArgs&) 
   return nullptr;
 }
 
-// Arms the group's segment with `fingerprint` (its algorithm set to shared memory's). After this
-// rank refused an op its peers ran over TCP, their bytes for it wait on this rank's sockets; a
-// collective through shared memory would never read them (the TCP path meets them at once), so
-// look first: kMismatch naming what the peer sent, as the TCP path would report it.
+// Whether the segment's chunk holds `collective`'s smallest step: reduce_scatter puts one piece
+// per rank into a chunk (shm::reduceScatterPieceCount); the others need one element per chunk.
+// The same answer on every rank (chunk, size and dtype agree).
+bool fitsSharedMemory(const ShmGroup& group, Collective collective, size_t elementSize) {
+  if (collective != Collective::kReduceScatter) return true;
+  return shm::reduceScatterPieceCount(group.chunkBytes(), group.size(), elementSize) > 0;
+}
+
+// Before a collective through shared memory right after this rank refused op `refusedSeq`: its
+// peers that ran the refused op over TCP sent this rank bytes for it, which wait on its sockets
+// and which shared memory would never read (the TCP path meets them at once). So look: a header
+// of the refused op is kMismatch, named as the TCP path would name it. Only that op's: other
+// bytes may wait there legitimately (a leader's first message of this collective across hosts;
+// a peer already in a later op over TCP, after it left a reduce through shared memory early).
 void throwIfPeersSentOverTcp(const CpuContext& ctx, const Fingerprint& fingerprint) {
   for (int peer = 0; ctx.refusedSeq != 0 && peer < ctx.transport.size(); ++peer) {
     WireHeader header;
     if (peer == ctx.transport.rank() || !ctx.transport.peekWaitingHeader(peer, &header)) continue;
+    if (header.seq != ctx.refusedSeq) continue;
     std::string what = headerMismatch(header, fingerprint, header.messageBytes, ctx.transport.describePeer(peer));
     if (what.empty()) what = strCat(ctx.transport.describePeer(peer), " sent bytes for ", fingerprint.describe(), " over TCP");
     throw TransportError(TransportError::Kind::kMismatch, peer, what);
@@ -230,10 +241,12 @@ void runCollective(const CpuContext& ctx, Collective collective, const Algorithm
     }
     return;
   }
-  if (ctx.shm != nullptr && shmAlgorithmFor(collective) != nullptr && !isPinned(collective)) {
+  if (ctx.shm != nullptr && shmAlgorithmFor(collective) != nullptr && !isPinned(collective) &&
+      fitsSharedMemory(*ctx.shm, collective, args.elementSize)) {
     beginOnSharedMemory(ctx, fingerprintOf(ctx, wireKindOf(collective), kShmAlgorithmIndex, "shm", dtype, reduceOp,
                                            root, bufferBytes));
     shmAlgorithmFor(collective)(*ctx.shm, args);
+    ctx.shm->endCollective();
     return;
   }
   const Selection selection = selectAlgorithm(collective, bufferBytes, ctx.transport.size());
@@ -272,6 +285,7 @@ void exchangeVia(const CpuContext& ctx, const ExchangeArgs& args, WireKind kind,
   if (ctx.shm != nullptr && shm::exchangeFits(*ctx.shm)) {
     beginOnSharedMemory(ctx, fingerprint);
     shm::exchange(*ctx.shm, args, kind);
+    ctx.shm->endCollective();
     return;
   }
   announceTcpCollective(ctx, fingerprint);

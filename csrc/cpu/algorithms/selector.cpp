@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -196,5 +197,20 @@ void applyAlgorithmPinsFromEnv() {
     if (!spec.empty()) setAlgorithmPins(spec);
   });
 }
+
+namespace {
+
+// The transport's names for algorithm indices on the wire (fingerprint.hpp): WireKind kAllreduce ..
+// kBarrier follow Collective's order.
+std::string algorithmNameOnWire(WireKind kind, uint8_t algorithm) {
+  const auto index = static_cast<size_t>(kind);
+  if (index < 1 || index > std::size(collectiveTables)) return "";
+  const auto& algorithms = collectiveTables[index - 1].algorithms;
+  return algorithm < algorithms.size() ? std::string(algorithms[algorithm].name) : std::string();
+}
+
+[[maybe_unused]] const bool algorithmNamerRegistered = (registerAlgorithmNamer(&algorithmNameOnWire), true);
+
+}  // namespace
 
 }  // namespace ddplite::cpu

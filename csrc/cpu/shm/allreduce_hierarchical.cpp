@@ -37,6 +37,7 @@ void allreduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const
     fromLeader.root = 0;
     group->beginCollective(local, refusedSeq);
     broadcast(*group, fromLeader);
+    group->endCollective();  // open from the local reduce, across the leaders' part (collectiveOpen)
   }
 }
 

@@ -1,11 +1,11 @@
 // Broadcast through shared memory, chunk by chunk.
 //
-// Steps, for each chunk of at most C bytes: the root copies it into its buffer and posts (the
-// first chunk's posts of every rank it checks at its next step, to be sure they are in the same
-// broadcast, without waiting for them now);
-// every other rank posts (its fingerprint only), waits for the root's post, copies the chunk out
-// of the root's buffer and marks the step consumed. With two buffers the root copies chunk k+1
-// in while the others still copy chunk k out.
+// Steps, for each chunk of at most C bytes: the root copies it into its buffer and posts; every
+// other rank posts (its fingerprint only), waits for the root's post, copies the chunk out of the
+// root's buffer and marks the step consumed. For the first chunk, every rank checks every other
+// rank's post (same broadcast, same root) without waiting for it now: at its next step, or at
+// shutdown when the broadcast was its last op (ShmGroup::checkAllPostedLater). With two buffers
+// the root copies chunk k+1 in while the others still copy chunk k out.
 //
 // Cost per rank: root R = W = S; others R = W = S; one synchronisation per chunk.
 #include "cpu/shm/shm_algorithms.hpp"
@@ -36,6 +36,12 @@ void broadcast(ShmGroup& group, const AlgorithmArgs& args) {
       group.post(step, bytes);
       group.waitPosted(args.root, step, bytes, args.deadline);
       std::memcpy(args.data + offset, group.buffer(args.root, step), bytes);
+      // The other non-roots' posts too, the same way: a second rank that believes itself root
+      // is found here as well, not only by the roots.
+      if (offset == 0) {
+        group.checkAllPostedLater(step, bytes);
+        continue;
+      }
     }
     group.markConsumed(step);
   }

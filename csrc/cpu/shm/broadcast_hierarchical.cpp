@@ -39,6 +39,7 @@ void broadcastAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const
     group->beginCollective(local, refusedSeq);
     broadcast(*group, fromLeader);
   }
+  if (group != nullptr) group->endCollective();  // open from the first local step (collectiveOpen)
 }
 
 }  // namespace ddplite::cpu::shm

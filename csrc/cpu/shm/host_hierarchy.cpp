@@ -101,13 +101,19 @@ void HostHierarchy::runAmongLeaders(Collective collective, const AlgorithmArgs& 
   try {
     selection.run(among);
   } catch (...) {
-    if (local_) local_->abort();
+    // This host's ranks wait for their leader in the segment: every one of them must stop, not
+    // only this process (ShmGroup::abort is per process).
+    if (local_) local_->breakGroup();
     throw;
   }
 }
 
 void HostHierarchy::abort() {
   if (local_) local_->abort();
+}
+
+void HostHierarchy::breakGroup() {
+  if (local_) local_->breakGroup();
 }
 
 }  // namespace ddplite::cpu

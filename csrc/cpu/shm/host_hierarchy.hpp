@@ -46,13 +46,15 @@ class HostHierarchy {
 
   // A leader's part of a hierarchical collective: `collective` among the leaders over TCP, with
   // the algorithm the selector picks for that many leaders and `bufferBytes`, the wire
-  // fingerprint naming it, and `root` (a host number; 0 when unrooted). If it fails, the ranks
-  // of this host, who wait for their leader in the segment, are woken (abort) before it throws.
-  // Only on a leader (leaders() non-null).
+  // fingerprint naming it, and `root` (a host number; 0 when unrooted). If it fails, it breaks
+  // this host's segment (ShmGroup::breakGroup), so that the host's ranks waiting for their leader
+  // there fail at once, before it throws. Only on a leader (leaders() non-null).
   void runAmongLeaders(Collective collective, const AlgorithmArgs& args, Fingerprint fingerprint, size_t bufferBytes,
                        int root);
 
+  // This process's waits end (ShmGroup::abort); breakGroup: every rank of this host's segment's.
   void abort();
+  void breakGroup();
 
  private:
   HostHierarchy() = default;

@@ -10,18 +10,25 @@
 // W = S + B; one synchronisation per chunk. Reduction work per rank: (P-1)*B.
 #include "cpu/shm/shm_algorithms.hpp"
 
+#include "common/errors.hpp"
+
 #include <algorithm>
 #include <cstring>
 
 namespace ddplite::cpu::shm {
+
+size_t reduceScatterPieceCount(size_t chunkBytes, int size, size_t elementSize) {
+  return chunkBytes / static_cast<size_t>(size) / elementSize;
+}
 
 void reduceScatter(ShmGroup& group, const AlgorithmArgs& args) {
   const int size = group.size();
   const int rank = group.rank();
   const size_t es = args.elementSize;
   const size_t block = args.count * es;
-  // elements per piece: P pieces of one chunk share a buffer
-  const size_t pieceCount = std::max<size_t>(1, group.chunkBytes() / static_cast<size_t>(size) / es);
+  const size_t pieceCount = reduceScatterPieceCount(group.chunkBytes(), size, es);
+  DDPLITE_ENFORCE(pieceCount > 0, "reduce_scatter through shared memory with ", size, " ranks of ", es,
+                  "-byte elements in ", group.chunkBytes(), "-byte chunks (runCollective routes it over TCP)");
   char* mine = args.data + rank * block;
   for (size_t first = 0; first < args.count; first += pieceCount) {
     const size_t count = std::min(pieceCount, args.count - first);

@@ -1,6 +1,8 @@
 #include "cpu/shm/segment.hpp"
 
+#include "common/env.hpp"
 #include "common/errors.hpp"
+#include "cpu/transport/transport.hpp"
 #include "common/logging.hpp"
 
 #include <fcntl.h>
@@ -12,10 +14,26 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
+#include <thread>
 
 namespace ddplite::cpu {
 
 namespace {
+
+// How long rank 0 waits for its peers to attach a segment it created (set-up step 4): the longest
+// a kill -9 of rank 0 can leave the name behind in /dev/shm.
+constexpr auto kAttachWithin = std::chrono::seconds(30);
+
+// The value of `key` once it exists, or nothing at `giveUpAt` (polled: the store has no get with a
+// deadline of its own). Store errors throw, as in StoreRendezvous::get.
+std::optional<std::string> getBy(StoreRendezvous& rendezvous, const std::string& key, Deadline giveUpAt) {
+  while (rendezvous.has(key) != std::optional<bool>(true)) {
+    if (Clock::now() >= giveUpAt) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return rendezvous.get(key, key);
+}
 
 std::string firstLineOf(const char* path) {
   std::ifstream file(path);
@@ -134,19 +152,35 @@ ShmSegment::Outcome ShmSegment::create(StoreRendezvous& rendezvous, int rank, in
       return {nullptr, strCat("on rank 0: ", published.rfind("failed ", 0) == 0 ? published.substr(7) : published)};
     }
     name = published.substr(3);
+    if (env::testHooks().shmStallAttach == rank) {  // DDPLITE_TEST_HOOKS: a rank stuck here
+      while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     base = attachAndMap(name, bytes, &why);
   }
-  // 3. everyone reports; 4. once every rank has attached, rank 0 unlinks (the others leave the
-  // name alone); if any failed, everyone unlinks and unmaps.
+  // 3. everyone reports; 4. rank 0 waits for the reports, at most kAttachWithin (the window in
+  // which a kill -9 of rank 0 leaves the name behind), and publishes the verdict; it unlinks the
+  // name either way. Every rank takes rank 0's verdict, so all agree even when a late report
+  // comes after rank 0 gave up. If any failed, everyone unlinks and unmaps.
   rendezvous.set(strCat("shm/attach/", rank), base != nullptr ? "ok" : why);
-  std::string firstFailure;
-  for (int peer = 0; peer < size; ++peer) {
-    const std::string report =
-        peer == rank ? (base != nullptr ? "ok" : why)
-                     : rendezvous.get(strCat("shm/attach/", peer), strCat("rank ", peer, " attaching shared memory"));
-    if (report != "ok" && firstFailure.empty()) firstFailure = strCat("rank ", peer, ": ", report);
+  std::string verdict;
+  if (rank == 0) {
+    const Deadline giveUpAt = Clock::now() + kAttachWithin;
+    for (int peer = 1; peer < size && verdict.empty(); ++peer) {
+      const std::optional<std::string> report = getBy(rendezvous, strCat("shm/attach/", peer), giveUpAt);
+      if (!report) {
+        verdict = strCat("rank ", peer, ": did not attach the segment within ",
+                         std::chrono::duration_cast<std::chrono::seconds>(kAttachWithin).count(), " s");
+      } else if (*report != "ok") {
+        verdict = strCat("rank ", peer, ": ", *report);
+      }
+    }
+    if (base == nullptr) verdict = strCat("rank 0: ", why);
+    rendezvous.set("shm/verdict", verdict.empty() ? "ok" : verdict);
+    if (verdict.empty()) verdict = "ok";
+  } else {
+    verdict = rendezvous.get("shm/verdict", "rank 0's verdict on the shared-memory segment");
   }
-  if (!firstFailure.empty()) return {nullptr, firstFailure};
+  if (verdict != "ok") return {nullptr, verdict};
   cleanup.unlink = rank == 0;
   char* mapped = base;
   base = nullptr;  // handed to the segment: not unmapped here

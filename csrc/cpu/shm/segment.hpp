@@ -7,12 +7,13 @@
 //      with posix_fallocate (so a full /dev/shm fails here, not later with SIGBUS) and
 //      publishes the name, or the reason it could not;
 //   3. every other rank attaches and publishes "ok" or its reason;
-//   4. once all have attached, rank 0 unlinks the name: from then on the memory lives only as
-//      long as a rank maps it, so nothing is left in /dev/shm after an exit, an exception or a
-//      kill -9. Every rank unlinks on any set-up failure or exception it survives (a peer that
-//      died makes the store waits throw). What remains: a process killed (SIGKILL, or SIGTERM
-//      without Python's handlers) between 2 and 4, normally milliseconds, but as long as the
-//      store's timeout when a peer dies before attaching.
+//   4. rank 0 waits for every report, at most 30 s of its own (not the store's timeout), unlinks
+//      the name and publishes the verdict, which every rank takes: from then on the memory lives
+//      only as long as a rank maps it, so nothing is left in /dev/shm after an exit, an
+//      exception or a kill -9. Every rank unlinks on any set-up failure or exception it survives
+//      (a peer that died makes the store waits throw). What remains: rank 0 killed (SIGKILL, or
+//      SIGTERM without Python's handlers) between 2 and 4, normally milliseconds, at most 30 s
+//      when a peer is stuck before attaching.
 // The nonce makes names unique per run and group: two jobs or two groups never share a segment.
 #pragma once
 

@@ -36,6 +36,10 @@ void broadcast(ShmGroup& group, const AlgorithmArgs& args);      // broadcast.cp
 void reduce(ShmGroup& group, const AlgorithmArgs& args);         // reduce.cpp
 void allgather(ShmGroup& group, const AlgorithmArgs& args);      // allgather.cpp
 void reduceScatter(ShmGroup& group, const AlgorithmArgs& args);  // reduce_scatter.cpp
+// Elements per piece of reduce_scatter: P pieces of one chunk share a buffer, so a piece is at
+// most C/P bytes; 0 when not even one element per rank fits a chunk (P * elementSize > C: the
+// collective then goes over TCP). The same on every rank (C, P and the dtype agree).
+size_t reduceScatterPieceCount(size_t chunkBytes, int size, size_t elementSize);
 void barrier(ShmGroup& group, const AlgorithmArgs& args);        // barrier.cpp
 // gather, scatter and all_to_all (`kind`); exchangeFits: whether the group's chunk leaves each
 // peer a slot of at least 64 bytes (else the exchange goes over TCP).

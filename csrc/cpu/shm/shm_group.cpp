@@ -1,5 +1,6 @@
 #include "cpu/shm/shm_group.hpp"
 
+#include "common/env.hpp"
 #include "common/errors.hpp"
 #include "cpu/shm/futex_wait.hpp"
 
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iterator>
+#include <new>
 
 namespace ddplite::cpu {
 
@@ -36,19 +38,29 @@ const char* flagVerb(int which) {
 }  // namespace
 
 // One rank's flags and fingerprints. The segment starts zero-filled (posix_fallocate), which is
-// every flag at 0 ("no step yet") and `sleepers` at 0.
+// every flag at 0 ("no step yet"), `broken` at 0 and the wake words at 0.
+// Cache lines: the first three are written by the owner only; the last by waiters of any process
+// (`sleepers`, `wakeups`), so that a waiter announcing itself does not take the line holding the
+// flags it polls from under the owner (docs/shared-memory.md, "Control block").
 struct alignas(kAlignment) ShmGroup::RankControl {
   std::atomic<uint32_t> flags[3];   // indexed by Flag: posted, reduced, consumed
-  std::atomic<uint32_t> sleepers;   // waiters of any process blocked on this rank's flags
   uint32_t pid;                     // written once at set-up, before the store exchange
-  uint32_t reserved[3];
-  WireHeader headers[2];            // fingerprint of the step with that parity; written before `posted`
   std::atomic<uint64_t> startedSeq;  // markStarted: the latest op this rank has started
+  // 1 once this rank broke the group (breakGroup): stored seq_cst, then every rank's `wakeups` is
+  // bumped; waiters load it seq_cst after their wake ticket.
+  std::atomic<uint32_t> broken;
+  uint32_t reserved;
+  WireHeader headers[2];            // fingerprint of the step with that parity; written before `posted`
   // The collective this rank last ran over TCP (announceTcpCollective): a seqlock, see the header.
   std::atomic<uint32_t> tcpAnnounced;
   std::atomic<uint64_t> tcpHeader[sizeof(WireHeader) / sizeof(uint64_t)];
+  // Written by waiters, on a line of their own.
+  alignas(kAlignment) std::atomic<uint32_t> sleepers;  // waiters of any process blocked on this rank
+  // The futex word those waiters sleep on: bumped (seq_cst) by the owner after a flag store that
+  // found sleepers, and by any rank's abort() or breakGroup(). A count, never a step: bumping it
+  // from another process changes no flag.
+  std::atomic<uint32_t> wakeups;
 };
-
 std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
                                            size_t chunkBytes, std::string* whyNot, bool* spansHosts,
                                            std::vector<int> processGroupRanks) {
@@ -66,8 +78,13 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
   }
   std::unique_ptr<ShmGroup> group(new ShmGroup(std::move(outcome.segment), liveness, rank, size, chunkBytes));
   group->processGroupRanks_ = std::move(processGroupRanks);
-  group->control(rank).pid = static_cast<uint32_t>(getpid());
-  // Every rank's pid is visible to the others after this store round trip.
+  RankControl& mine = group->control(rank);
+  mine.pid = static_cast<uint32_t>(getpid());
+  const env::TestHooks hooks = env::testHooks();
+  group->step_ = hooks.shmFirstStep;  // every flag "at" the step before the first
+  for (auto& word : mine.flags) word.store(hooks.shmFirstStep, std::memory_order_relaxed);
+  if (hooks.shmFaultRank == rank) group->faultSeq_ = hooks.shmFaultSeq;
+  // Every rank's pid and first flags are visible to the others after this store round trip.
   rendezvous.set(strCat("shm/ready/", rank), "1");
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank) rendezvous.get(strCat("shm/ready/", peer), strCat("rank ", peer, " to map shared memory"));
@@ -81,7 +98,9 @@ ShmGroup::ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int
       rank_(rank),
       size_(size),
       chunkBytes_(chunkBytes),
-      spin_(size <= usableCpus() ? kSpin : std::chrono::microseconds(0)) {}
+      spin_(size <= usableCpus() ? kSpin : std::chrono::microseconds(0)) {
+  static_assert(sizeof(RankControl) % kAlignment == 0, "control blocks fill whole cache lines");
+}
 
 ShmGroup::~ShmGroup() = default;
 
@@ -104,6 +123,7 @@ void ShmGroup::beginCollective(const Fingerprint& fingerprint, uint64_t refusedS
   lastSeq_ = fingerprint.seq;
   current_ = fingerprint;
   current_.part = nextPart_;
+  open_ = true;
 }
 
 uint32_t ShmGroup::beginStep(Deadline deadline) {
@@ -116,9 +136,14 @@ uint32_t ShmGroup::beginStep(Deadline deadline) {
 }
 
 void ShmGroup::publish(Flag which, uint32_t step) {
-  std::atomic<uint32_t>& word = flag(rank_, which);
-  word.store(step, std::memory_order_seq_cst);
-  if (control(rank_).sleepers.load(std::memory_order_seq_cst) > 0) futexWakeAll(&word);
+  RankControl& mine = control(rank_);
+  mine.flags[static_cast<int>(which)].store(step, std::memory_order_seq_cst);
+  if (mine.sleepers.load(std::memory_order_seq_cst) > 0) wake(mine);
+}
+
+void ShmGroup::wake(RankControl& owner) {
+  owner.wakeups.fetch_add(1, std::memory_order_seq_cst);
+  futexWakeAll(&owner.wakeups);
 }
 
 void ShmGroup::post(uint32_t step, uint64_t stepBytes) {
@@ -128,6 +153,7 @@ void ShmGroup::post(uint32_t step, uint64_t stepBytes) {
   // (a reader waits for `reduced` only after it acquired `posted`).
   flag(rank_, Flag::kReduced).store(step - 1, std::memory_order_relaxed);
   publish(Flag::kPosted, step);
+  if (faultSeq_ != 0 && current_.seq == faultSeq_) throw std::bad_alloc();  // DDPLITE_TEST_HOOKS
 }
 
 void ShmGroup::markReduced(uint32_t step) {
@@ -156,20 +182,23 @@ void ShmGroup::waitAllPosted(uint32_t step, uint64_t stepBytes, Deadline deadlin
 }
 
 void ShmGroup::checkAllPostedLater(uint32_t step, uint64_t stepBytes) {
+  // seq_cst, like this rank's `posted` store before it and a peer's load of it in waitPosted:
+  // of this rank and a late peer, at least one sees the other's post (no store buffering), so a
+  // disagreement raises on one side at once.
   bool allPosted = true;
   for (int peer = 0; peer < size_ && allPosted; ++peer) {
-    allPosted = peer == rank_ || reached(flag(peer, Flag::kPosted).load(std::memory_order_acquire), step);
+    allPosted = peer == rank_ || reached(flag(peer, Flag::kPosted).load(std::memory_order_seq_cst), step);
   }
   if (allPosted) {  // the root came last: check now, nothing to wait for
     waitAllPosted(step, stepBytes, Clock::now());
     markConsumed(step);
     return;
   }
-  deferred_ = DeferredCheck{step, stepBytes, current_, refusedSeq_};
+  deferred_ = DeferredCheck{true, step, stepBytes, current_, refusedSeq_};
 }
 
 void ShmGroup::settleDeferredCheck(Deadline deadline) {
-  if (deferred_.step == 0) return;
+  if (!deferred_.pending) return;
   // Checked as the collective it belongs to (errors name it), then back to the current one,
   // whether the check passes or throws.
   struct Restore {
@@ -208,19 +237,17 @@ void ShmGroup::waitFor(int peer, Flag which, uint32_t target, Deadline deadline)
 
 void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline deadline) {
   std::atomic<uint32_t>& word = flag(peer, which);
-  if (reached(word.load(std::memory_order_acquire), target)) return;
+  // seq_cst: see checkAllPostedLater (free on x86, where every load is one).
+  if (reached(word.load(std::memory_order_seq_cst), target)) return;
   const auto spinUntil = Clock::now() + spin_;
   for (unsigned i = 1;; ++i) {
     cpuRelax();
     if (reached(word.load(std::memory_order_acquire), target)) return;
     if (i % 64 == 0 && Clock::now() >= spinUntil) break;
   }
-  std::atomic<uint32_t>& sleepers = control(peer).sleepers;
+  RankControl& theirs = control(peer);
   auto nextLivenessCheck = Clock::now();
   while (true) {
-    if (aborted_.load(std::memory_order_acquire)) {
-      throw TransportError(TransportError::Kind::kAborted, peer, "the process group was aborted");
-    }
     const auto now = Clock::now();
     if (now >= deadline) throwTimeout(peer, which, target);
     if (now >= nextLivenessCheck) {
@@ -234,13 +261,39 @@ void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline 
       nextLivenessCheck = now + kLivenessInterval;
     }
     checkPeerStayedOnPath(peer, which, target);
-    sleepers.fetch_add(1, std::memory_order_seq_cst);
-    const uint32_t seen = word.load(std::memory_order_seq_cst);
-    if (!reached(seen, target)) {
-      futexWait(&word, seen, std::min<std::chrono::nanoseconds>(kSleepSlice, deadline - now));
+    // Sleep protocol: announce (sleepers), take a ticket (wakeups), then look at everything that
+    // ends the wait; all seq_cst. A publisher stores its flag, then reads `sleepers`, and bumps
+    // `wakeups` if it found any; abort() and breakGroup() store their flag, then bump. Either the
+    // look below sees the store, or the bump comes after the ticket and the futex does not sleep
+    // (or is woken): no wake-up is lost, so an abort is seen at once, not after a slice.
+    theirs.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t ticket = theirs.wakeups.load(std::memory_order_seq_cst);
+    const bool stop = aborted_.load(std::memory_order_seq_cst) || brokenBy() >= 0;
+    if (!stop && !reached(word.load(std::memory_order_seq_cst), target)) {
+      futexWait(&theirs.wakeups, ticket, std::min<std::chrono::nanoseconds>(kSleepSlice, deadline - now));
     }
-    sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    theirs.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (reached(word.load(std::memory_order_acquire), target)) return;
+    throwIfStopped(peer);
+  }
+}
+
+int ShmGroup::brokenBy() const {
+  for (int owner = 0; owner < size_; ++owner) {
+    if (owner != rank_ && control(owner).broken.load(std::memory_order_seq_cst) != 0) return owner;
+  }
+  return -1;
+}
+
+void ShmGroup::throwIfStopped(int peer) const {
+  if (aborted_.load(std::memory_order_seq_cst)) {
+    throw TransportError(TransportError::Kind::kAborted, peer, "the process group was aborted");
+  }
+  const int breaker = brokenBy();
+  if (breaker >= 0) {
+    throw TransportError(TransportError::Kind::kPeerClosed, breaker,
+                         strCat(describePeer(breaker), " left ", current_.describe(),
+                                " part-way after an error on that rank, and broke the group's shared memory"));
   }
 }
 
@@ -319,10 +372,19 @@ void ShmGroup::throwWentOverTcp(int peer, const WireHeader& header, const char* 
 }
 
 void ShmGroup::abort() {
-  if (aborted_.exchange(true)) return;
-  for (int owner = 0; owner < size_; ++owner) {
-    for (auto& word : control(owner).flags) futexWakeAll(&word);
-  }
+  if (aborted_.exchange(true, std::memory_order_seq_cst)) return;
+  wakeEveryRank();
+}
+
+void ShmGroup::breakGroup() {
+  control(rank_).broken.store(1, std::memory_order_seq_cst);
+  abort();
+}
+
+void ShmGroup::wakeEveryRank() {
+  // Bumped, not only woken: see waitUntilReached. Waiters of other processes wake too, look at
+  // every rank's `broken` and go back to sleep when it is not set.
+  for (int owner = 0; owner < size_; ++owner) wake(control(owner));
 }
 
 std::string ShmGroup::describePeer(int peer) const {

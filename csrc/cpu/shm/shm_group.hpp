@@ -110,6 +110,20 @@ class ShmGroup {
 
   // Wakes every waiter; blocked and later waits throw TransportError(kAborted). Any thread.
   void abort();
+  // abort(), and says so to every rank of the segment: their blocked and later waits throw
+  // TransportError(kPeerClosed) naming this rank. For a rank that left a collective part-way
+  // (an exception between two steps): its flags no longer say what its buffers hold. Any thread.
+  void breakGroup();
+
+  // Whether a collective began (beginCollective) and has not ended (endCollective): an exception
+  // in between leaves the steps half done, and the caller must breakGroup(). Collective thread.
+  bool collectiveOpen() const { return open_; }
+  void endCollective() { open_ = false; }
+  // Settles a broadcast's pending check (checkAllPostedLater) by `deadline`, as the next step
+  // would: at shutdown, when the broadcast was this rank's last op. Throws what the check finds
+  // (TransportError). Collective thread, or any once the collective thread has stopped.
+  void settlePendingCheck(Deadline deadline) { settleDeferredCheck(deadline); }
+  bool checkPending() const { return deferred_.pending; }
 
   std::string describePeer(int peer) const;
 
@@ -127,6 +141,13 @@ class ShmGroup {
   void waitFor(int peer, Flag which, uint32_t target, Deadline deadline);
   void waitUntilReached(int peer, Flag which, uint32_t target, Deadline deadline);
   [[noreturn]] void throwTimeout(int peer, Flag which, uint32_t target) const;
+  // The first other rank whose `broken` is set; -1 when none.
+  int brokenBy() const;
+  // Throws when this rank aborted or another broke the group; the wait was for `peer`.
+  void throwIfStopped(int peer) const;
+  // Bumps `owner`'s wake word and wakes its sleepers (waitUntilReached's protocol).
+  static void wake(RankControl& owner);
+  void wakeEveryRank();
   // `peer`'s latest announceTcpCollective() header; false when it made none (or kept rewriting it).
   bool tcpAnnouncement(int peer, WireHeader* header) const;
   // Throws TransportError(kMismatch) when `peer` announced a TCP collective at or after the
@@ -149,7 +170,8 @@ class ShmGroup {
   uint32_t step_ = 0;
   Fingerprint current_;  // of the step in progress
   struct DeferredCheck {
-    uint32_t step = 0;  // 0: none pending
+    bool pending = false;  // every step number is valid (they wrap), so a flag says "none"
+    uint32_t step = 0;
     uint64_t stepBytes = 0;
     Fingerprint fingerprint;
     uint64_t refusedSeq = 0;
@@ -159,6 +181,10 @@ class ShmGroup {
   uint64_t lastSeq_ = 0;
   uint64_t refusedSeq_ = 0;  // of the current collective (beginCollective)
   uint8_t nextPart_ = 0;
+  bool open_ = false;  // see collectiveOpen()
+  // DDPLITE_TEST_FAULT=shm_post:<rank>:<seq>: this rank throws std::bad_alloc right after it
+  // posts a step of collective <seq> (0: never). Tests only.
+  uint64_t faultSeq_ = 0;
 };
 
 }  // namespace ddplite::cpu

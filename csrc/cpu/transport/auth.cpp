@@ -1,9 +1,16 @@
 #include "cpu/transport/auth.hpp"
 
+#include "common/env.hpp"
+#include "common/errors.hpp"
+#include "common/logging.hpp"
+
 #include <sys/random.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 
 namespace ddplite::auth {
@@ -128,14 +135,54 @@ Nonce newNonce() {
   return nonce;
 }
 
-std::string newSecret() {
+namespace {
+
+std::string toHex(const void* data, size_t bytes) {
   static const char kHex[] = "0123456789abcdef";
   std::string hex;
-  for (unsigned char byte : randomBytes(32)) {
+  for (size_t i = 0; i < bytes; ++i) {
+    const auto byte = static_cast<const unsigned char*>(data)[i];
     hex += kHex[byte >> 4];
     hex += kHex[byte & 0xf];
   }
   return hex;
+}
+
+}  // namespace
+
+std::string newSecret() {
+  const std::string bytes = randomBytes(32);
+  return toHex(bytes.data(), bytes.size());
+}
+
+std::string keyFromFile() {
+  const std::string path = env::authKeyFile();
+  if (path.empty()) return "";
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    throw std::runtime_error(strCat("DDPLITE_AUTH_KEY_FILE='", path, "' cannot be read: ", std::strerror(errno)));
+  }
+  std::string key((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (!key.empty() && key.back() == '\n') key.pop_back();
+  if (key.size() < kMinKeyBytes) {
+    throw std::runtime_error(strCat("DDPLITE_AUTH_KEY_FILE='", path, "' holds ", key.size(), " bytes; a key needs at least ",
+                                    kMinKeyBytes, " (make one with: head -c 32 /dev/urandom > ", path, ")"));
+  }
+  struct stat info = {};
+  if (stat(path.c_str(), &info) == 0 && (info.st_mode & (S_IRGRP | S_IROTH)) != 0) {
+    DDPLITE_LOG(kWarn, "DDPLITE_AUTH_KEY_FILE='", path, "' is readable by other users (chmod 600 it)");
+  }
+  return key;
+}
+
+std::string meshSecretFromKey(const std::string& key, const std::string& mesh, const std::string& salt) {
+  const Digest secret = hmacSha256(key, "ddplite-mesh|" + mesh + "|" + salt);
+  return toHex(secret.data(), secret.size());
+}
+
+std::string keyCheck(const std::string& key, const std::string& salt) {
+  const Digest check = hmacSha256(key, "ddplite-key-check|" + salt);
+  return toHex(check.data(), 8);
 }
 
 }  // namespace ddplite::auth

@@ -1,12 +1,12 @@
 #include "cpu/transport/fingerprint.hpp"
 
 #include "common/errors.hpp"
-#include "cpu/algorithms/selector.hpp"
 #include "cpu/reduce/reduce_kernels.hpp"
 
 #include <c10/core/ScalarType.h>
 
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -47,14 +47,15 @@ std::string opLabel(uint8_t kind, uint8_t opName) {
   return kindName(kind);
 }
 
+std::atomic<AlgorithmNamer> algorithmNamer{nullptr};
+
 std::string algorithmLabel(uint8_t kind, uint8_t algorithm) {
   const auto k = static_cast<WireKind>(kind);
   if (algorithm == kShmAlgorithmIndex) return "shared memory";
   if (k < WireKind::kAllreduce || k > WireKind::kBarrier) return "direct";
-  // WireKind kAllreduce..kBarrier follow cpu::Collective's order.
-  const auto table = cpu::availableAlgorithms();
-  const auto& names = table[static_cast<size_t>(kind) - 1].second;
-  return algorithm < names.size() ? names[algorithm] : strCat("algorithm ", int(algorithm));
+  const AlgorithmNamer namer = algorithmNamer.load(std::memory_order_acquire);
+  std::string name = namer != nullptr ? namer(k, algorithm) : std::string();
+  return name.empty() ? strCat("algorithm ", int(algorithm)) : name;
 }
 
 std::string dtypeLabel(int8_t dtype) {
@@ -179,6 +180,10 @@ std::string earlyHeaderMismatch(const WireHeader& header, const Fingerprint& min
   const bool later = header.seq > mine.seq || (header.seq == mine.seq && header.part > mine.part);
   if (wellFormed && later) return "";
   return headerMismatch(header, mine, header.messageBytes, peer);
+}
+
+void registerAlgorithmNamer(AlgorithmNamer namer) {
+  algorithmNamer.store(namer, std::memory_order_release);
 }
 
 }  // namespace ddplite

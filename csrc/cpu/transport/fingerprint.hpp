@@ -65,6 +65,12 @@ struct Fingerprint {
   std::string describe() const;
 };
 
+// Names the algorithm a header carries (the selector's index for `kind`), for messages; "" when
+// unknown. The algorithm layer registers it (cpu/algorithms/selector.cpp, at load time), so that
+// the transport names algorithms without depending on them; unregistered: "algorithm N".
+using AlgorithmNamer = std::string (*)(WireKind kind, uint8_t algorithm);
+void registerAlgorithmNamer(AlgorithmNamer namer);
+
 // Code of a torch-level op name ("allreduce", "allgather_into_tensor", ...); 0 when unknown.
 uint8_t userOpCode(const char* name);
 

@@ -313,24 +313,58 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
   return transport;
 }
 
-// The mesh's secret: rank 0 draws it and writes it to the store before it publishes its address
-// (so no rank can connect before the secret is there); the others read it. "" when
-// DDPLITE_AUTH=0 (a group-wide knob: every rank agrees, checked before the mesh is built).
+// The mesh's secret (auth.hpp): rank 0 draws it and writes it to the store before it publishes
+// its address (so no rank can connect before the secret is there); the others read it. With
+// DDPLITE_AUTH_KEY_FILE, rank 0 writes a salt and a check value instead, and every rank derives
+// the secret from its key. "" when DDPLITE_AUTH=0 (a group-wide knob: every rank agrees, checked
+// before the mesh is built).
 std::string TcpTransport::shareSecret(const MeshSetup& setup) {
   if (!env::authenticateConnections()) return "";
-  const std::string key = strCat(setup.purpose, "auth/secret");
-  if (setup.rank == 0) {
-    std::string secret;
-    try {
-      secret = auth::newSecret();
-    } catch (const std::exception& error) {
-      throwDistError(strCat("rank 0 cannot draw the group's connection secret: ", error.what()),
-                     "set DDPLITE_AUTH=0 on every rank to run without authenticated connections");
+  const std::string storeKey = strCat(setup.purpose, "auth/secret");
+  const char* keyHint = "give every rank the same DDPLITE_AUTH_KEY_FILE (or none: then rank 0 shares a secret "
+                        "through the store)";
+  std::string key;
+  try {
+    key = auth::keyFromFile();
+    if (setup.rank == 0) {
+      if (key.empty()) {
+        const std::string secret = auth::newSecret();
+        setup.rendezvous.set(storeKey, secret);
+        return secret;
+      }
+      const std::string salt = auth::newSecret();
+      setup.rendezvous.set(storeKey, strCat("external ", salt, " ", auth::keyCheck(key, salt)));
+      return auth::meshSecretFromKey(key, setup.purpose, salt);
     }
-    setup.rendezvous.set(key, secret);
-    return secret;
+  } catch (const std::runtime_error& error) {
+    throwDistError(strCat("rank ", setup.rank, " cannot set up its connection secret: ", error.what()),
+                   "fix DDPLITE_AUTH_KEY_FILE, or set DDPLITE_AUTH=0 on every rank to run without authenticated "
+                   "connections");
   }
-  return setup.rendezvous.get(key, "the group's connection secret (from rank 0)");
+  const std::string shared = setup.rendezvous.get(storeKey, "the group's connection secret (from rank 0)");
+  constexpr const char* kExternal = "external ";
+  if (shared.rfind(kExternal, 0) != 0) {
+    if (!key.empty()) {
+      throwDistError(strCat("rank ", setup.rank, " has DDPLITE_AUTH_KEY_FILE='", env::authKeyFile(),
+                            "' but rank 0 has none (it shares a secret through the store)"),
+                     keyHint);
+    }
+    return shared;
+  }
+  const std::string salt = shared.substr(std::strlen(kExternal), shared.find(' ', std::strlen(kExternal)) -
+                                                                      std::strlen(kExternal));
+  const std::string check = shared.substr(shared.rfind(' ') + 1);
+  if (key.empty()) {
+    throwDistError(strCat("rank 0 authenticates connections with a key from DDPLITE_AUTH_KEY_FILE; rank ", setup.rank,
+                          " has none"),
+                   keyHint);
+  }
+  if (auth::keyCheck(key, salt) != check) {
+    throwDistError(strCat("rank ", setup.rank, "'s DDPLITE_AUTH_KEY_FILE='", env::authKeyFile(),
+                          "' holds another key than rank 0's"),
+                   keyHint);
+  }
+  return auth::meshSecretFromKey(key, setup.purpose, salt);
 }
 
 // Listens on an ephemeral port of setup.host and publishes host:port in the store.

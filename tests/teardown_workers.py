@@ -1,0 +1,264 @@
+"""Teardown soak (issue 30): a job that does a little of everything, then tears down and exits.
+
+One run starts ``world_size`` ranks, each of which: joins a ddplite group (shared memory or TCP,
+by ``DDPLITE_CPU_TRANSPORT``), makes a gloo subgroup and a ddplite subgroup, runs coalesced
+send/recv (torch's ring of ``batch_isend_irecv``), plain send/recv, collectives through the
+default group (small and large, one of them pinned to a TCP algorithm), the same through the
+subgroups, leaves an async all_reduce and a send/recv pair in flight, and tears down:
+``destroy_process_group()``, or, in some runs, nothing at all (the process exits with the groups
+alive, as a script that forgets to destroy them does). The parent measures, for every rank, the
+time from the moment it finished its ops to the moment its process was gone, and looks at how
+it ended: exit code 0 and no ``terminate called`` on stderr.
+
+Two ways to start ranks:
+* ``forked``: forked from a forkserver that already imported torch (tests/harness.py), fast; a
+  rank ends through multiprocessing's exit path (``os._exit`` after its finalizers).
+* ``fresh``: a new interpreter per rank (``python -c``), slow to start; a rank ends through the
+  interpreter's own shutdown (atexit, module teardown, C++ static destructors), as a user's
+  script does.
+
+Used by tests/test_teardown.py (a slice in CI) and scripts/teardown_soak.py (the full run, with
+CPU stress and stack capture on a hang).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+HANG_AFTER_S = 10.0  # a rank still alive this long after it finished its ops counts as hung
+
+
+def mixed_ops(rank, world_size, teardown):
+    """The ops of one rank (see the module docstring). Returns a dict of checks (all True)."""
+    import warnings
+
+    import torch_ddp_lite
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    checks = {}
+    nxt, prev = (rank + 1) % world_size, (rank - 1) % world_size
+    gloo = dist.new_group(backend="gloo")
+    pair = dist.new_group(ranks=[0, world_size - 1]) if world_size > 1 else None
+    # coalesced send/recv: torch's ring
+    for count in (5, 70_000):
+        send = torch.arange(count, dtype=torch.float32) + 1000 * rank
+        recv = torch.zeros(count)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prev)])
+        for work in works:
+            work.wait()
+        checks[f"ring {count}"] = torch.equal(recv, torch.arange(count, dtype=torch.float32) + 1000 * prev)
+    # collectives, small and large, one through a TCP algorithm pinned on every rank
+    small = torch.full((3,), float(rank + 1))
+    dist.all_reduce(small)
+    checks["all_reduce"] = small.tolist() == [world_size * (world_size + 1) / 2] * 3
+    large = torch.full((300_001,), float(rank))
+    dist.broadcast(large, src=world_size - 1)
+    checks["broadcast"] = bool((large == world_size - 1).all())
+    torch_ddp_lite.set_algorithm("allreduce", "ring")
+    try:
+        ring = torch.full((1001,), float(rank + 1))
+        dist.all_reduce(ring)
+        checks["pinned ring"] = bool((ring == world_size * (world_size + 1) / 2).all())
+    finally:
+        torch_ddp_lite.set_algorithm("allreduce", "auto")
+    gathered = torch.empty(2 * world_size)
+    dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank)))
+    checks["all_gather"] = gathered.tolist() == [float(r) for r in range(world_size) for _ in range(2)]
+    # the gloo subgroup and the ddplite subgroup
+    other = torch.full((4,), float(rank))
+    dist.all_reduce(other, group=gloo)
+    checks["gloo"] = other.tolist() == [float(world_size * (world_size - 1) // 2)] * 4
+    if pair is not None and rank in (0, world_size - 1):
+        both = torch.ones(5)
+        dist.all_reduce(both, group=pair)
+        checks["pair"] = both.tolist() == [2.0 if world_size > 1 else 1.0] * 5
+    # left in flight at teardown: an async all_reduce and a send/recv pair nobody waits for
+    pending = torch.ones(50_000)
+    in_flight = [dist.all_reduce(pending, async_op=True)]
+    if world_size > 1:
+        in_flight.append(dist.isend(torch.full((1000,), float(rank)), nxt, tag=7))
+        in_flight.append(dist.irecv(torch.empty(1000), prev, tag=7))
+    checks["in flight"] = len(in_flight) >= 1
+    return checks
+
+
+def rank_main(rank, world_size, init_method, teardown, report):
+    """One rank, start to end: init, ops, ``report(checks)``, teardown."""
+    dist.init_process_group("ddplite", init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=60))
+    checks = mixed_ops(rank, world_size, teardown)
+    report(checks)
+    if teardown == "destroy":
+        dist.destroy_process_group()
+    # "none": exit with every group alive
+
+
+_FRESH_RANK = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch_ddp_lite, teardown_workers
+rank, world_size, init_method, teardown = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+def report(checks):
+    print("CHECKS " + json.dumps({"checks": checks, "done": time.time()}), flush=True)
+teardown_workers.rank_main(rank, world_size, init_method, teardown, report)
+"""
+
+
+def _forked_entry(rank, world_size, init_method, teardown, env, results):
+    os.environ.update(env)
+    try:
+        rank_main(rank, world_size, init_method, teardown,
+                  lambda checks: results.put((rank, "ok", {"checks": checks, "done": time.time()})))
+    except BaseException:  # noqa: BLE001 - report everything to the parent
+        import traceback
+
+        results.put((rank, "error", traceback.format_exc()))
+        raise
+
+
+def capture_stacks(pid):
+    """Native stacks of every thread of `pid` (gdb), for a rank that hangs; '' without gdb."""
+    try:
+        out = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"], capture_output=True,
+                             text=True, timeout=60)
+        return out.stdout[-30000:]
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"(no stacks: {error})"
+
+
+def run_once(world_size, transport, teardown, start="forked", capture=capture_stacks):
+    """One job. Returns {"exits": [seconds from done to gone, per rank], "codes": [...],
+    "aborts": [rank, ...], "errors": [text, ...], "hung": {rank: stacks}, "checks_failed": [...]}."""
+    env = {"DDPLITE_CPU_TRANSPORT": transport} if transport != "shm" else {}
+    with tempfile.TemporaryDirectory(prefix="ddplite-teardown-") as folder:
+        init_method = f"file://{os.path.join(folder, 'store')}"
+        if start == "forked":
+            return _run_forked(world_size, init_method, teardown, env, capture)
+        return _run_fresh(world_size, init_method, teardown, env, capture)
+
+
+def _new_outcome(world_size):
+    return {"exits": [None] * world_size, "codes": [None] * world_size, "aborts": [], "errors": [], "hung": {},
+            "checks_failed": []}
+
+
+def _record_checks(outcome, rank, checks):
+    failed = [name for name, ok in checks.items() if not ok]
+    if failed:
+        outcome["checks_failed"].append((rank, failed))
+
+
+def _run_forked(world_size, init_method, teardown, env, capture):
+    import queue as queue_module
+
+    from harness import _mp_context
+
+    context = _mp_context()
+    results = context.Queue()
+    processes = [context.Process(target=_forked_entry, args=(r, world_size, init_method, teardown, env, results),
+                                 daemon=True) for r in range(world_size)]
+    for process in processes:
+        process.start()
+    outcome = _new_outcome(world_size)
+    done, gone = {}, {}
+    deadline = time.monotonic() + 120
+    try:
+        while len(gone) < world_size:
+            try:
+                rank, status, value = results.get(timeout=0.005)
+                if status == "ok":
+                    done[rank] = value["done"]
+                    _record_checks(outcome, rank, value["checks"])
+                else:
+                    outcome["errors"].append(f"rank {rank}: {value}")
+                    done[rank] = time.time()
+            except queue_module.Empty:
+                pass
+            for rank, process in enumerate(processes):
+                if rank not in gone and process.exitcode is not None:
+                    gone[rank] = time.time()
+                elif rank in done and rank not in gone and time.time() - done[rank] > HANG_AFTER_S:
+                    outcome["hung"][rank] = capture(process.pid)
+                    process.kill()
+                    process.join()
+                    gone[rank] = time.time()
+            if time.monotonic() > deadline:
+                for rank, process in enumerate(processes):
+                    if rank not in gone:
+                        outcome["hung"][rank] = capture(process.pid) + "\n(never finished its ops)"
+                        process.kill()
+                        process.join()
+                        gone[rank] = time.time()
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
+    for rank, process in enumerate(processes):
+        outcome["codes"][rank] = process.exitcode
+        if rank in done:
+            outcome["exits"][rank] = gone[rank] - done[rank]
+        if process.exitcode is not None and process.exitcode < 0 and rank not in outcome["hung"]:
+            outcome["aborts"].append(rank)
+    return outcome
+
+
+def _run_fresh(world_size, init_method, teardown, env, capture):
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    child_env = dict(os.environ, **env)
+    processes = [subprocess.Popen([sys.executable, "-c", _FRESH_RANK, tests_dir, str(r), str(world_size), init_method,
+                                   teardown], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env)
+                 for r in range(world_size)]
+    outcome = _new_outcome(world_size)
+    done, gone = {}, {}
+    deadline = time.monotonic() + 180
+    # stdout is read line by line (the CHECKS line comes before teardown); stderr at the end
+    import selectors
+
+    selector = selectors.DefaultSelector()
+    for rank, process in enumerate(processes):
+        selector.register(process.stdout, selectors.EVENT_READ, rank)
+    while len(gone) < world_size:
+        for key, _ in selector.select(timeout=0.005):
+            line = key.fileobj.readline()
+            if not line:
+                selector.unregister(key.fileobj)
+                continue
+            if line.startswith("CHECKS "):
+                value = json.loads(line[len("CHECKS "):])
+                done[key.data] = value["done"]
+                _record_checks(outcome, key.data, value["checks"])
+        for rank, process in enumerate(processes):
+            if rank not in gone and process.poll() is not None:
+                gone[rank] = time.time()
+            elif rank in done and rank not in gone and time.time() - done[rank] > HANG_AFTER_S:
+                outcome["hung"][rank] = capture(process.pid)
+                process.kill()
+                process.wait()
+                gone[rank] = time.time()
+        if time.monotonic() > deadline:
+            for rank, process in enumerate(processes):
+                if rank not in gone:
+                    outcome["hung"][rank] = capture(process.pid) + "\n(never finished its ops)"
+                    process.kill()
+                    process.wait()
+                    gone[rank] = time.time()
+    for rank, process in enumerate(processes):
+        stderr = process.stderr.read()
+        outcome["codes"][rank] = process.returncode
+        if rank in done:
+            outcome["exits"][rank] = gone[rank] - done[rank]
+        else:
+            outcome["errors"].append(f"rank {rank} (exit {process.returncode}): {stderr[-3000:]}")
+        aborted = "terminate called" in stderr or (process.returncode != 0 and rank not in outcome["hung"])
+        if aborted:
+            outcome["aborts"].append(rank)
+            outcome["errors"].append(f"rank {rank} (exit {process.returncode}): {stderr[-3000:]}")
+    return outcome

@@ -1,0 +1,34 @@
+"""Teardown never hangs and never aborts (issue 30): the quick slice of scripts/teardown_soak.py.
+
+Every layout the soak rotates through, once (2-4 ranks; shared memory and TCP; destroy and no
+destroy; ranks forked from the preloaded forkserver), plus two runs of fresh interpreters that
+exit through interpreter shutdown: each rank must be gone within 2 s of finishing its ops, with
+exit code 0 and no "terminate called" on stderr, its ops' results right. A rank still alive 10 s
+after its ops is a hang: the failure carries its native stacks (gdb)."""
+
+import pytest
+
+import teardown_workers
+
+SLOW_EXIT_S = 2.0
+
+
+def check(outcome):
+    assert outcome["hung"] == {}, "\n\n".join(f"rank {rank} hung:\n{stacks}" for rank, stacks in outcome["hung"].items())
+    assert outcome["aborts"] == [], outcome["errors"]
+    assert outcome["errors"] == [], outcome["errors"]
+    assert outcome["checks_failed"] == [], outcome["checks_failed"]
+    assert all(seconds is not None and seconds < SLOW_EXIT_S for seconds in outcome["exits"]), outcome["exits"]
+    assert outcome["codes"] == [0] * len(outcome["codes"]), outcome["codes"]
+
+
+@pytest.mark.parametrize("teardown", ["destroy", "none"])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_forked_ranks_exit_promptly(world_size, transport, teardown):
+    check(teardown_workers.run_once(world_size, transport, teardown, "forked"))
+
+
+@pytest.mark.parametrize("world_size,transport,teardown", [(3, "shm", "destroy"), (2, "tcp", "none")])
+def test_fresh_interpreters_exit_promptly(world_size, transport, teardown):
+    check(teardown_workers.run_once(world_size, transport, teardown, "fresh"))
