@@ -602,7 +602,9 @@ std::exception_ptr DdpliteBackend::failureFromTransport(const OpContext& ctx, co
     markBroken(strCat(ctx.describe(), ": ", what));  // quotes the first failure too
     if (mpiCollectives_) mpiCollectives_->abort();
     if (shm_) shm_->abort();
-    if (hosts_) hosts_->abort();
+    // This host's ranks may wait for this rank (their leader) in the segment: all of them stop
+    // now, after the failure is in the store for them to quote (HostHierarchy::runAmongLeaders).
+    if (hosts_) hosts_->breakGroup();
     transport_->abort();
   }
   if (error.kind() != TransportError::Kind::kAborted) what += dumpOnFailure();  // not for abort()/shutdown()

@@ -98,14 +98,7 @@ void HostHierarchy::runAmongLeaders(Collective collective, const AlgorithmArgs& 
   leaders_->beginCollective(fingerprint);
   AlgorithmArgs among{*leaders_, args.deadline, args.scratch, args.data, args.count, args.elementSize,
                       args.reduce, args.reduceMany, root};
-  try {
-    selection.run(among);
-  } catch (...) {
-    // This host's ranks wait for their leader in the segment: every one of them must stop, not
-    // only this process (ShmGroup::abort is per process).
-    if (local_) local_->breakGroup();
-    throw;
-  }
+  selection.run(among);  // a failure: the backend records it, then breakGroup() (see the header)
 }
 
 void HostHierarchy::abort() {

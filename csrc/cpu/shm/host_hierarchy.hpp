@@ -46,9 +46,10 @@ class HostHierarchy {
 
   // A leader's part of a hierarchical collective: `collective` among the leaders over TCP, with
   // the algorithm the selector picks for that many leaders and `bufferBytes`, the wire
-  // fingerprint naming it, and `root` (a host number; 0 when unrooted). If it fails, it breaks
-  // this host's segment (ShmGroup::breakGroup), so that the host's ranks waiting for their leader
-  // there fail at once, before it throws. Only on a leader (leaders() non-null).
+  // fingerprint naming it, and `root` (a host number; 0 when unrooted). Only on a leader
+  // (leaders() non-null). If it throws, the caller must breakGroup() once it has recorded the
+  // failure in the store: the host's ranks wait for their leader in the segment, and they then
+  // fail at once, quoting that first failure (DdpliteBackend::failureFromTransport).
   void runAmongLeaders(Collective collective, const AlgorithmArgs& args, Fingerprint fingerprint, size_t bufferBytes,
                        int root);
 
