@@ -8,7 +8,9 @@ subgroups, leaves an async all_reduce and a send/recv pair in flight, and tears 
 ``destroy_process_group()``, or, in some runs, nothing at all (the process exits with the groups
 alive, as a script that forgets to destroy them does). The parent measures, for every rank, the
 time from the moment it finished its ops to the moment its process was gone, and looks at how
-it ended: exit code 0 and no ``terminate called`` on stderr.
+it ended: exit code 0 and no ``terminate called`` on stderr. Beside each fresh job a bare
+interpreter (the same imports, no group) exits too: its time is the baseline a fresh rank's exit
+is measured against.
 
 Two ways to start ranks:
 * ``forked``: forked from a forkserver that already imported torch (tests/harness.py), fast; a
@@ -111,6 +113,16 @@ teardown_workers.rank_main(rank, world_size, init_method, teardown, report)
 """
 
 
+# A bare interpreter beside each fresh job: it imports what a rank imports and exits at once, so
+# that the rank's exit time can be told apart from the interpreter's own shutdown (about 1 s for
+# torch on this 2-core machine, 2 s under CPU stress).
+_BARE = """
+import time
+import torch, torch.distributed, torch_ddp_lite
+print("CHECKS " + __import__("json").dumps({"checks": {}, "done": time.time()}), flush=True)
+"""
+
+
 def _forked_entry(rank, world_size, init_method, teardown, env, results):
     os.environ.update(env)
     try:
@@ -135,7 +147,8 @@ def capture_stacks(pid):
 
 def run_once(world_size, transport, teardown, start="forked", capture=capture_stacks):
     """One job. Returns {"exits": [seconds from done to gone, per rank], "codes": [...],
-    "aborts": [rank, ...], "errors": [text, ...], "hung": {rank: stacks}, "checks_failed": [...]}."""
+    "aborts": [rank, ...], "errors": [text, ...], "hung": {rank: stacks}, "checks_failed": [...],
+    "baseline": seconds a bare interpreter took to exit beside it (fresh; 0 when forked)}."""
     env = {"DDPLITE_CPU_TRANSPORT": transport} if transport != "shm" else {}
     with tempfile.TemporaryDirectory(prefix="ddplite-teardown-") as folder:
         init_method = f"file://{os.path.join(folder, 'store')}"
@@ -145,8 +158,10 @@ def run_once(world_size, transport, teardown, start="forked", capture=capture_st
 
 
 def _new_outcome(world_size):
+    # baseline: a bare interpreter's exit beside a fresh job (0 for forked ranks, which end in
+    # os._exit without an interpreter shutdown)
     return {"exits": [None] * world_size, "codes": [None] * world_size, "aborts": [], "errors": [], "hung": {},
-            "checks_failed": []}
+            "checks_failed": [], "baseline": 0.0}
 
 
 def _record_checks(outcome, rank, checks):
@@ -216,6 +231,8 @@ def _run_fresh(world_size, init_method, teardown, env, capture):
     processes = [subprocess.Popen([sys.executable, "-c", _FRESH_RANK, tests_dir, str(r), str(world_size), init_method,
                                    teardown], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env)
                  for r in range(world_size)]
+    processes.append(subprocess.Popen([sys.executable, "-c", _BARE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=child_env))
     outcome = _new_outcome(world_size)
     done, gone = {}, {}
     deadline = time.monotonic() + 180
@@ -225,7 +242,7 @@ def _run_fresh(world_size, init_method, teardown, env, capture):
     selector = selectors.DefaultSelector()
     for rank, process in enumerate(processes):
         selector.register(process.stdout, selectors.EVENT_READ, rank)
-    while len(gone) < world_size:
+    while len(gone) < len(processes):
         for key, _ in selector.select(timeout=0.005):
             line = key.fileobj.readline()
             if not line:
@@ -250,6 +267,9 @@ def _run_fresh(world_size, init_method, teardown, env, capture):
                     process.kill()
                     process.wait()
                     gone[rank] = time.time()
+    bare = processes.pop()
+    outcome["baseline"] = gone[world_size] - done[world_size] if world_size in done else None
+    bare.stderr.read()
     for rank, process in enumerate(processes):
         stderr = process.stderr.read()
         outcome["codes"][rank] = process.returncode
