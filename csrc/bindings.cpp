@@ -168,6 +168,9 @@ PYBIND11_MODULE(_C, m) {
       .def("perform_nocolor_split", [](ddplite::DdpliteBackend&, const py::object&) {}, py::arg("device"),
            "No-op: a ddplite rank outside a new group takes no part in making it.");
 
+  m.def("stop_all_for_exit", &ddplite::stopAllBackendsForExit,
+        "Ends every thread of every ddplite group of this process (pending ops fail unless the group was "
+        "destroyed): torch_ddp_lite's atexit hook, so that no thread of ours meets Python's finalization.");
   m.def("create_backend", &ddplite::createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout"), py::arg("global_ranks") = std::vector<int>{}, py::arg("group_name") = "",
         py::call_guard<py::gil_scoped_release>(),

@@ -270,6 +270,10 @@ def main():
     parser.add_argument("--check", action="store_true",
                         help="only check that every mutant still applies to this checkout's sources")
     parser.add_argument("--workdir", default="/tmp/ddplite-mutants", help="scratch clone (replaced)")
+    parser.add_argument("--in-place", action="store_true",
+                        help="mutate and rebuild this checkout instead of a clone (no full build of a clone: each "
+                             "mutant costs an incremental build); csrc/ must have no uncommitted change, every file "
+                             "is restored and the extension rebuilt at the end")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds of tests per mutant")
     parser.add_argument("--skip-baseline", action="store_true", help="do not run the subset on the unmutated build")
     parser.add_argument("--table", default=os.path.join(REPO, "docs", "data", "mutants.md"),
@@ -287,8 +291,15 @@ def main():
     unknown = set(args.only or []) - {m.name for m in MUTANTS}
     if unknown:
         parser.error(f"unknown mutant(s) {sorted(unknown)}; see --list")
-    head = clone(args.workdir)
-    log = os.path.join(args.workdir, "mutants.log")
+    if args.in_place:
+        if subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "csrc"], cwd=REPO).returncode != 0:
+            sys.exit("--in-place needs csrc/ as committed: commit or stash its changes first")
+        args.workdir = REPO
+        head = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True).strip()
+        log = os.path.join("/tmp", "ddplite-mutants-in-place.log")
+    else:
+        head = clone(args.workdir)
+        log = os.path.join(args.workdir, "mutants.log")
     print(f"commit {head}, clone {args.workdir}, log {log}", flush=True)
     ok, seconds = build(args.workdir, log)
     if not ok:

@@ -136,13 +136,24 @@ def _forked_entry(rank, world_size, init_method, teardown, env, results):
 
 
 def capture_stacks(pid):
-    """Native stacks of every thread of `pid` (gdb), for a rank that hangs; '' without gdb."""
+    """Native stacks of every thread of `pid` (gdb) and what each of its descriptors is, for a rank
+    that hangs."""
+    descriptors = []
+    try:
+        for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
+            try:
+                descriptors.append(f"{fd} -> {os.readlink(f'/proc/{pid}/fd/{fd}')}")
+            except OSError:
+                pass
+    except OSError as error:
+        descriptors.append(f"(no descriptors: {error})")
     try:
         out = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"], capture_output=True,
                              text=True, timeout=60)
-        return out.stdout[-30000:]
+        stacks = out.stdout[-30000:]
     except (OSError, subprocess.TimeoutExpired) as error:
-        return f"(no stacks: {error})"
+        stacks = f"(no stacks: {error})"
+    return "descriptors:\n" + "\n".join(descriptors) + "\n\n" + stacks
 
 
 def run_once(world_size, transport, teardown, start="forked", capture=capture_stacks):

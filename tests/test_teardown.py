@@ -31,6 +31,10 @@ def test_forked_ranks_exit_promptly(world_size, transport, teardown):
     check(teardown_workers.run_once(world_size, transport, teardown, "forked"))
 
 
-@pytest.mark.parametrize("world_size,transport,teardown", [(3, "shm", "destroy"), (2, "tcp", "none")])
-def test_fresh_interpreters_exit_promptly(world_size, transport, teardown):
+# (4, tcp, none) aborted in about one run of three before the atexit hook (torch_ddp_lite's
+# stop_all_for_exit): the worker freed a Work's tensor during finalization; hence three tries.
+@pytest.mark.parametrize("world_size,transport,teardown,attempt",
+                         [(3, "shm", "destroy", 0), (2, "tcp", "none", 0),
+                          (4, "tcp", "none", 0), (4, "tcp", "none", 1), (4, "tcp", "none", 2)])
+def test_fresh_interpreters_exit_promptly(world_size, transport, teardown, attempt):
     check(teardown_workers.run_once(world_size, transport, teardown, "fresh"))

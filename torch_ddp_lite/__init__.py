@@ -47,6 +47,10 @@ def _load_extension():
     # MPI_Finalize at exit when ddplite initialised MPI (mpi:// or DDPLITE_CPU_TRANSPORT=mpi);
     # a no-op otherwise. Open MPI reports a process that exits without it as a failure.
     atexit.register(module.mpi_finalize)
+    # Registered after mpi_finalize, so it runs first (atexit is last-in, first-out): every thread
+    # of every ddplite group ends while Python is still whole. A thread of ours that frees a tensor
+    # with a Python object during finalization would be ended by Python, aborting the process.
+    atexit.register(module.stop_all_for_exit)
     _extension = module
     return module
 

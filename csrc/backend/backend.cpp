@@ -678,6 +678,22 @@ void DdpliteBackend::settlePendingChecks() {
   }
 }
 
+void DdpliteBackend::stopForExit() {
+  GilReleasedScope released;
+  if (!closed_.load()) {
+    DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": the process exits with a ddplite process group that was not "
+                "destroyed; its pending ops are aborted. Call torch.distributed.destroy_process_group() before exiting.");
+    markBroken(strCat("the process is exiting on rank ", rank_, " (the group was not destroyed)"));
+    if (cuda_) cuda_->abandon();
+    if (mpiCollectives_) mpiCollectives_->abort();
+    if (shm_) shm_->abort();
+    if (hosts_) hosts_->abort();
+    transport_->abort();
+  }
+  worker_->drainAndStop();  // what is queued fails at once (the transports are aborted)
+  p2p_->stop();
+}
+
 void DdpliteBackend::abort() {
   markBroken(strCat("abort() was called on rank ", rank_));
   if (mpiCollectives_) mpiCollectives_->abort();
@@ -1120,6 +1136,7 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::split(const c10::intrusive_ptr
   const auto timeout = opts ? opts->timeout : std::chrono::milliseconds(timeoutMs_.load());
   auto child = c10::make_intrusive<DdpliteBackend>(childStore, static_cast<int>(me - sorted.begin()),
                                                    static_cast<int>(sorted.size()), timeout, std::move(trace));
+  registerLive(child);
   if (cudaSplit && child->cuda_) child->cuda_->adopt(std::move(cudaSplit));
   c10::intrusive_ptr<c10d::Backend> made = child;
   lastSplit_ = c10::weak_intrusive_ptr<c10d::Backend>(made);
@@ -1214,7 +1231,39 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
                                                 std::chrono::milliseconds timeout, std::vector<int> globalRanks,
                                                 std::string groupName) {
   TraceGroupIdentity trace{std::move(groupName), "", std::move(globalRanks)};
-  return c10::make_intrusive<DdpliteBackend>(store, rank, size, timeout, std::move(trace));
+  auto backend = c10::make_intrusive<DdpliteBackend>(store, rank, size, timeout, std::move(trace));
+  registerLive(backend);
+  return backend;
+}
+
+namespace {
+
+// Every backend of this process that may still be alive (stopAllBackendsForExit).
+std::mutex liveMutex;
+std::vector<c10::weak_intrusive_ptr<DdpliteBackend>> liveBackends;  // guarded by liveMutex
+
+}  // namespace
+
+void registerLive(const c10::intrusive_ptr<DdpliteBackend>& backend) {
+  std::lock_guard<std::mutex> lock(liveMutex);
+  liveBackends.erase(std::remove_if(liveBackends.begin(), liveBackends.end(),
+                                    [](const auto& weak) { return weak.expired(); }),
+                     liveBackends.end());
+  liveBackends.emplace_back(backend);
+}
+
+void stopAllBackendsForExit() {
+  GilReleasedScope released;  // the threads stopped below may need the GIL to finish
+  std::vector<c10::intrusive_ptr<DdpliteBackend>> alive;
+  {
+    std::lock_guard<std::mutex> lock(liveMutex);
+    for (const auto& weak : liveBackends) {
+      if (auto strong = weak.lock()) alive.push_back(std::move(strong));
+    }
+    liveBackends.clear();
+  }
+  for (const auto& backend : alive) backend->stopForExit();
+  alive.clear();  // a last reference destroys its backend here, without the GIL
 }
 
 }  // namespace ddplite

@@ -139,6 +139,12 @@ class DdpliteBackend final : public c10d::Backend {
   // close. Both idempotent; destroy_process_group() calls shutdown().
   void abort() override;
   void shutdown() override;
+  // At interpreter exit, before Python finalizes (stopAllBackendsForExit): every thread of this
+  // group ends now, its pending ops failing if the group was not shut down. A thread of ours that
+  // drops the last reference to a tensor with a Python object takes the GIL; during finalization
+  // Python ends such a thread with pthread_exit, whose unwinding through a destructor is
+  // std::terminate. Idempotent; the group refuses new ops afterwards.
+  void stopForExit();
 
   // How this group shares set-up blobs (the NCCL unique id): over MPI when the processes are one
   // MPI job (mpi:// or DDPLITE_CPU_TRANSPORT=mpi), else over the store.
@@ -287,6 +293,12 @@ class DdpliteBackend final : public c10d::Backend {
   std::atomic<bool> closed_{false};
   std::unique_ptr<Worker> worker_;  // last member: its thread uses everything above
 };
+
+// Remembers `backend` (weakly) for stopAllBackendsForExit.
+void registerLive(const c10::intrusive_ptr<DdpliteBackend>& backend);
+// DdpliteBackend::stopForExit on every backend of this process still alive: torch_ddp_lite's
+// atexit hook, which runs before Python finalizes. Any thread; releases the GIL.
+void stopAllBackendsForExit();
 
 // `globalRanks`, `groupName`: torch's (the extended backend API), for the flight recorder; empty
 // when unknown.

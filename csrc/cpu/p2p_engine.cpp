@@ -45,8 +45,14 @@ P2pEngine::P2pEngine(std::unique_ptr<Transport> transport)
 }
 
 P2pEngine::~P2pEngine() {
+  stop();
+}
+
+void P2pEngine::stop() {
   abort();
-  for (auto& thread : threads_) thread.join();
+  for (auto& thread : threads_) {
+    if (thread.joinable()) thread.join();
+  }
 }
 
 void P2pEngine::send(int peer, int tag, at::Tensor data, Deadline deadline, Completion done) {

@@ -48,6 +48,8 @@ class P2pEngine {
 
   // Fails every pending send and recv (TransportError kAborted) and stops. Idempotent.
   void abort();
+  // abort(), then joins every thread (the destructor's work, done early). Not on an engine thread.
+  void stop();
 
  private:
   struct PostedRecv {

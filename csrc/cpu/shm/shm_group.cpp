@@ -378,7 +378,8 @@ void ShmGroup::abort() {
 
 void ShmGroup::breakGroup() {
   control(rank_).broken.store(1, std::memory_order_seq_cst);
-  abort();
+  aborted_.store(true, std::memory_order_seq_cst);
+  wakeEveryRank();  // even when this process had aborted already: the others must look now
 }
 
 void ShmGroup::wakeEveryRank() {
