@@ -181,6 +181,20 @@ def _record_checks(outcome, rank, checks):
         outcome["checks_failed"].append((rank, failed))
 
 
+def _look_at_exits(processes, exited, kill, done, gone, outcome, capture, deadline):
+    """One look at every process: the time each is seen gone; a hang's stacks, then a kill, for one
+    still alive HANG_AFTER_S after its ops (or at `deadline`, monotonic, whatever it was doing)."""
+    for rank, process in enumerate(processes):
+        if rank in gone:
+            continue
+        if exited(process):
+            gone[rank] = time.time()
+        elif (rank in done and time.time() - done[rank] > HANG_AFTER_S) or time.monotonic() > deadline:
+            outcome["hung"][rank] = capture(process.pid) + ("" if rank in done else "\n(never finished its ops)")
+            kill(process)
+            gone[rank] = time.time()
+
+
 def _run_forked(world_size, init_method, teardown, env, capture):
     import queue as queue_module
 
@@ -207,21 +221,8 @@ def _run_forked(world_size, init_method, teardown, env, capture):
                     done[rank] = time.time()
             except queue_module.Empty:
                 pass
-            for rank, process in enumerate(processes):
-                if rank not in gone and process.exitcode is not None:
-                    gone[rank] = time.time()
-                elif rank in done and rank not in gone and time.time() - done[rank] > HANG_AFTER_S:
-                    outcome["hung"][rank] = capture(process.pid)
-                    process.kill()
-                    process.join()
-                    gone[rank] = time.time()
-            if time.monotonic() > deadline:
-                for rank, process in enumerate(processes):
-                    if rank not in gone:
-                        outcome["hung"][rank] = capture(process.pid) + "\n(never finished its ops)"
-                        process.kill()
-                        process.join()
-                        gone[rank] = time.time()
+            _look_at_exits(processes, lambda p: p.exitcode is not None, lambda p: (p.kill(), p.join()), done, gone,
+                           outcome, capture, deadline)
     finally:
         for process in processes:
             if process.is_alive():
@@ -263,21 +264,8 @@ def _run_fresh(world_size, init_method, teardown, env, capture):
                 value = json.loads(line[len("CHECKS "):])
                 done[key.data] = value["done"]
                 _record_checks(outcome, key.data, value["checks"])
-        for rank, process in enumerate(processes):
-            if rank not in gone and process.poll() is not None:
-                gone[rank] = time.time()
-            elif rank in done and rank not in gone and time.time() - done[rank] > HANG_AFTER_S:
-                outcome["hung"][rank] = capture(process.pid)
-                process.kill()
-                process.wait()
-                gone[rank] = time.time()
-        if time.monotonic() > deadline:
-            for rank, process in enumerate(processes):
-                if rank not in gone:
-                    outcome["hung"][rank] = capture(process.pid) + "\n(never finished its ops)"
-                    process.kill()
-                    process.wait()
-                    gone[rank] = time.time()
+        _look_at_exits(processes, lambda p: p.poll() is not None, lambda p: (p.kill(), p.wait()), done, gone, outcome,
+                       capture, deadline)
     bare = processes.pop()
     outcome["baseline"] = gone[world_size] - done[world_size] if world_size in done else None
     bare.stderr.read()

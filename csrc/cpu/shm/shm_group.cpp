@@ -39,9 +39,9 @@ const char* flagVerb(int which) {
 
 // One rank's flags and fingerprints. The segment starts zero-filled (posix_fallocate), which is
 // every flag at 0 ("no step yet"), `broken` at 0 and the wake words at 0.
-// Cache lines: the first three are written by the owner only; the last by waiters of any process
-// (`sleepers`, `wakeups`), so that a waiter announcing itself does not take the line holding the
-// flags it polls from under the owner (docs/shared-memory.md, "Control block").
+// 256 bytes: the first three cache lines are written by the owner only; the last by waiters of
+// any process (`sleepers`, `wakeups`), so that a waiter announcing itself does not take the line
+// holding the flags it polls from under the owner (docs/shared-memory.md, "Control block").
 struct alignas(kAlignment) ShmGroup::RankControl {
   std::atomic<uint32_t> flags[3];   // indexed by Flag: posted, reduced, consumed
   uint32_t pid;                     // written once at set-up, before the store exchange
