@@ -545,7 +545,9 @@ void DdpliteBackend::runOp(DdpliteWork& work, const OpRun& run, const CpuBody& b
     outcome = workResultOf(error);
   } catch (...) {
     failure = std::current_exception();
-    if (segmentLeftOpen()) breakAfterAbandonedCollective(work.context(), failure);
+    // Not when the group was broken already (this op then failed at throwIfBroken, and the
+    // segment is still "open" from the collective that failed first).
+    if (segmentLeftOpen() && !isBroken()) breakAfterAbandonedCollective(work.context(), failure);
   }
   if (arrivals_) arrivals_->end();
   work.markFinished(failure, outcome);
@@ -635,6 +637,11 @@ FlightRecorder::Handle DdpliteBackend::recordP2p(const OpContext& ctx, OpType ty
                                    false, false, p2pPath_, std::chrono::milliseconds(timeoutMs_.load())});
 }
 
+bool DdpliteBackend::isBroken() {
+  std::lock_guard<std::mutex> lock(brokenMutex_);
+  return !brokenReason_.empty();
+}
+
 void DdpliteBackend::markBroken(const std::string& reason) {
   std::lock_guard<std::mutex> lock(brokenMutex_);
   if (brokenReason_.empty()) brokenReason_ = reason;
@@ -680,16 +687,18 @@ void DdpliteBackend::settlePendingChecks() {
 
 void DdpliteBackend::stopForExit() {
   GilReleasedScope released;
-  if (!closed_.load()) {
+  // With nothing pending, the connections stay as they are until the process ends (a peer still
+  // waiting for this rank meets the group's timeout, or the closed connections, as without this).
+  if (!closed_.load() && !worker_->idle()) {
     DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": the process exits with a ddplite process group that was not "
                 "destroyed; its pending ops are aborted. Call torch.distributed.destroy_process_group() before exiting.");
     markBroken(strCat("the process is exiting on rank ", rank_, " (the group was not destroyed)"));
-    if (cuda_) cuda_->abandon();
     if (mpiCollectives_) mpiCollectives_->abort();
     if (shm_) shm_->abort();
     if (hosts_) hosts_->abort();
     transport_->abort();
   }
+  if (!closed_.load() && cuda_) cuda_->abandon();  // its watchdog thread ends too
   worker_->drainAndStop();  // what is queued fails at once (the transports are aborted)
   p2p_->stop();
 }

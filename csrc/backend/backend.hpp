@@ -140,7 +140,8 @@ class DdpliteBackend final : public c10d::Backend {
   void abort() override;
   void shutdown() override;
   // At interpreter exit, before Python finalizes (stopAllBackendsForExit): every thread of this
-  // group ends now, its pending ops failing if the group was not shut down. A thread of ours that
+  // group ends now; collectives still pending in a group that was not shut down fail (the
+  // connections are closed only then). A thread of ours that
   // drops the last reference to a tensor with a Python object takes the GIL; during finalization
   // Python ends such a thread with pthread_exit, whose unwinding through a destructor is
   // std::terminate. Idempotent; the group refuses new ops afterwards.
@@ -228,6 +229,7 @@ class DdpliteBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> postRecv(const char* op, std::vector<at::Tensor>& tensors, int srcRank, int tag);
   OpContext nextP2pContext(const char* op);
   void markBroken(const std::string& reason);
+  bool isBroken();
   // Whether an op left a shared-memory collective begun and not ended (cpu::ShmGroup).
   bool segmentLeftOpen() const;
   // For an exception (not a TransportError) that left a collective part-way on a segment: records

@@ -29,6 +29,11 @@ bool Worker::tryClaimIdle() {
   return true;
 }
 
+bool Worker::idle() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return !state_->busy && state_->queue.empty();
+}
+
 void Worker::enqueueFirst(std::function<void()> task) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->queue.push_front(std::move(task));  // the worker waits for releaseClaim(): busy is set

@@ -33,6 +33,8 @@ class Worker {
   // While claimed: hands the caller's task to the worker after all, ahead of anything queued
   // since the claim (those were issued after it); it starts at releaseClaim().
   void enqueueFirst(std::function<void()> task);
+  // Whether nothing is queued or running (a snapshot).
+  bool idle();
   // Runs every queued task, then stops the thread. Idempotent; enqueue() after it throws. On the
   // worker thread itself (its owner destroyed by a task's future callback) it drops the queued
   // tasks instead and lets the thread end after the current one (detached).
