@@ -663,11 +663,7 @@ void DdpliteBackend::settlePendingChecks() {
   // A broadcast checks its peers' posts at its next step; when it was the last op, that is now.
   // Bounded: a peer that is merely late gets a few seconds, not the group's timeout.
   constexpr auto kSettleWithin = std::chrono::seconds(5);
-  bool broken = false;
-  {
-    std::lock_guard<std::mutex> lock(brokenMutex_);
-    broken = !brokenReason_.empty();
-  }
+  const bool broken = isBroken();
   for (cpu::ShmGroup* group : {shm_.get(), hosts_ ? hosts_->local() : nullptr}) {
     if (broken || group == nullptr || !group->checkPending()) continue;
     try {
