@@ -269,3 +269,107 @@ def test_ddp_bench_refuses_the_memcpy_reference(capsys):
     with pytest.raises(SystemExit):
         bench_main(["ddp", "--backends", "ddplite,memcpy"])
     assert "--backends: memcpy not available here" in capsys.readouterr().err
+
+
+def test_size_list_and_its_description():
+    from torch_ddp_lite.bench.sweep import describe_sizes, parse_size_list
+
+    assert parse_size_list("1M,16,64K,16") == [16, 65536, 1 << 20]
+    assert describe_sizes([16, 65536, 1 << 20]) == "16 B, 64 KB, 1 MB"
+    assert describe_sizes([8, 32, 128], 4) == "8 B .. 128 B (x4)"
+    for bad in ("", ",", "8,x"):
+        with pytest.raises(ValueError):
+            parse_size_list(bad)
+
+
+# scripts/bench_today.py: the headline run of docs/benchmarks.md
+
+def _bench_today():
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    try:
+        import bench_today
+    finally:
+        sys.path.pop(0)
+    return bench_today
+
+
+def _today_row(op, backend, nbytes, time_us, busbw):
+    return {"op": op, "backend": backend, "world_size": 2, "device": "cpu", "dtype": "float32", "bytes": nbytes,
+            "count": nbytes // 4, "time_us": time_us, "algbw": busbw, "busbw": busbw}
+
+
+def test_bench_today_renders_the_headline_table():
+    today = _bench_today()
+    meta = {"command": "python scripts/bench_today.py", "started": "2026-11-25T17:40:00",
+            "finished": "2026-11-25T17:52:30", "seconds": 750, "load_average_start": [1.5, 1, 1],
+            "load_average_end": [3.25, 2, 2], "world_sizes": [2], "launcher": "mpirun", "mpi": "Open MPI v4.1.4",
+            "columns": ["ddplite", "ddplite-tcp", "ddplite-mpi", "gloo", "memcpy"], "host": "vm", "cpus": 2,
+            "time_per_point": 0.5, "ddp": {"batch_per_rank": 32, "steps": 10, "rounds": 5}}
+    rows = [_today_row("all_reduce", "ddplite", 16, 21.84, 0.0), _today_row("all_reduce", "gloo", 16, 262.1, 0.0),
+            _today_row("all_reduce", "ddplite-mpi", 16, 43.7, 0.0), _today_row("all_reduce", "memcpy", 16, 1.6, 0.01),
+            _today_row("all_reduce", "ddplite", 1 << 24, 2900.5, 5.784),
+            _today_row("all_reduce", "gloo", 1 << 24, 14271.2, 1.176),
+            _today_row("barrier", "ddplite", 0, 13.9, None), _today_row("barrier", "gloo", 0, 346.1, None)]
+    ddp_rows = [{"model": "mlp", "backend": backend, "world_size": 2, "device": "cpu", "params": 25_194_506,
+                 "batch_per_rank": 32, "step_ms": step, "images_per_s": 64 / step * 1e3}
+                for backend, step in (("ddplite", 134.5), ("gloo", 184.9), ("no-comm", 100.2),
+                                      ("ddp-alone", 111.1), ("allreduce-only", 8.6))]
+    text = today.render_markdown(meta, {2: rows}, {2: ddp_rows}, ["2 ranks, sendrecv: gloo: RuntimeError: no"])
+    lines = text.splitlines()
+    assert lines[0].startswith("**2026-11-25**, `python scripts/bench_today.py`: 17:40-17:52, 12 min 30 s")
+    assert "load average 1.5 at the start, 3.2 at the end" in text
+    assert ("| op | size | ddplite (shm, default) | ddplite TCP | Open MPI | gloo | memcpy | ddplite vs gloo "
+            "| ddplite vs Open MPI |") in lines
+    # a missing cell is a dash; small sizes give the time only, 64 KiB and up add busbw
+    assert "| all_reduce | 16 B | 21.8 µs | – | 43.7 µs | 262 µs | 1.6 µs | 12.0× | 2.00× |" in lines
+    assert "| all_reduce | 16 MiB | 2.90 ms · 5.78 | – | – | 14.27 ms · 1.18 | – | 4.92× | – |" in lines
+    assert "| barrier | – | 13.9 µs | – | – | 346 µs | – | 24.9× | – |" in lines
+    assert "Not measured: 2 ranks, sendrecv: gloo: RuntimeError: no." in lines
+    assert ("| 2 | mlp (25.2M) | 134 ms (1.34) | – | – | 185 ms (1.85) | 100 ms | 111 ms (1.11) | 8.6 ms |"
+            in lines)
+    assert "![collectives, 2 ranks](img/today_collectives_2ranks.png)" in lines
+
+
+def test_bench_today_fills_only_the_marked_part_of_the_page(tmp_path):
+    today = _bench_today()
+    page = tmp_path / "page.md"
+    page.write_text(f"# Title\n{today.MARK_BEGIN}\nold table\n{today.MARK_END}\n## History\nkept\n")
+    assert today.update_doc(str(page), "new table\n")
+    assert page.read_text() == f"# Title\n{today.MARK_BEGIN}\nnew table\n{today.MARK_END}\n## History\nkept\n"
+    bare = tmp_path / "bare.md"
+    bare.write_text("no markers\n")
+    assert not today.update_doc(str(bare), "new table\n") and bare.read_text() == "no markers\n"
+
+
+def test_bench_today_tiny_run_measures_every_column(tmp_path):
+    """The real command at 2 ranks, two sizes, almost no time per point: every op has a row for
+    every column (Open MPI's where mpirun and an MPI build are there), the DDP rows, the plots."""
+    today = _bench_today()
+    data, img = tmp_path / "data", tmp_path / "img"
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO, "scripts", "bench_today.py"), "--world-sizes", "2", "--sizes", "16,1K",
+         "--time-per-point", "0.01", "--min-iters", "2", "--rounds", "2", "--ddp-models", "resnet18",
+         "--ddp-batch-size", "2", "--ddp-steps", "1", "--ddp-warmup-steps", "1", "--ddp-rounds", "1",
+         "--data-dir", str(data), "--img-dir", str(img), "--no-doc", "--timeout", "300"],
+        cwd=REPO, capture_output=True, text=True, timeout=420)
+    assert result.returncode == 0, result.stdout + result.stderr
+    meta = json.loads((data / "meta.json").read_text())
+    expected = ["ddplite", "ddplite-tcp", "gloo", "memcpy"]
+    if today.mpi_usable()[0]:
+        expected.insert(2, "ddplite-mpi")
+    assert meta["columns"] == expected and meta["world_sizes"] == [2]
+    rows = json.loads((data / "collectives_2ranks.json").read_text())
+    for op in OPS:
+        columns = [column for column in expected if not (op == "barrier" and column == "memcpy")]
+        sizes = [0] if op == "barrier" else [16, 1024]
+        assert sorted((row["backend"], row["bytes"]) for row in rows if row["op"] == op) == \
+            sorted((column, size) for column in columns for size in sizes), op
+    ddp_rows = json.loads((data / "ddp_2ranks.json").read_text())
+    assert [row["backend"] for row in ddp_rows] == [c for c in expected if c != "memcpy"] + \
+        ["no-comm", "ddp-alone", "allreduce-only"]
+    table = (data / "table.md").read_text()
+    assert "| all_reduce | 16 B |" in table and "| sendrecv | 1 KiB |" in table and "| 2 | resnet18 (11.2M) |" in table
+    assert table in result.stdout
+    for name in ("today_collectives_2ranks.png", "today_ddp.png"):
+        assert (img / name).read_bytes()[:8] == PNG_MAGIC
+    assert (data / "collect_env.txt").read_text().startswith("## torch")

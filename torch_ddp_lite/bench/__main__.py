@@ -8,11 +8,18 @@ import torch
 
 from torch_ddp_lite.bench import collectives, ddp
 from torch_ddp_lite.bench.launch import BACKEND_VARIANTS, MEMCPY, launcher_ranks, run_ranks
-from torch_ddp_lite.bench.sweep import OPS, parse_size, size_sweep
+from torch_ddp_lite.bench.sweep import OPS, parse_size, parse_size_list, size_sweep
 
 
 def comma_list(text):
     return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def size_list(text):
+    try:
+        return parse_size_list(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def common_options():
@@ -47,6 +54,8 @@ def add_collectives(subcommands, common):
     parser.add_argument("--min-bytes", "-b", type=parse_size, default=8, help="smallest size (K/M/G suffixes)")
     parser.add_argument("--max-bytes", "-e", type=parse_size, default=parse_size("256M"), help="largest size")
     parser.add_argument("--step-factor", "-f", type=int, default=2, help="multiply the size by this each step")
+    parser.add_argument("--sizes", type=size_list, default=None, metavar="LIST",
+                        help="comma list of sizes to measure instead of the -b/-e/-f sweep, e.g. 8,64K,1M,16M")
     parser.add_argument("--dtype", default="float32", help="torch dtype name (float32, bfloat16, int64, ...)")
     parser.add_argument("--min-iters", type=int, default=5, help="fewest measured iterations per point and backend")
     parser.add_argument("--max-iters", type=int, default=1000, help="most measured iterations per point and backend")
@@ -132,10 +141,11 @@ def check_collectives(parser, options):
     unknown = [op for op in options.ops if op not in OPS]
     if unknown:
         parser.error(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(OPS)}")
-    try:
-        size_sweep(options.min_bytes, options.max_bytes, options.step_factor)
-    except ValueError as error:
-        parser.error(str(error))
+    if options.sizes is None:
+        try:
+            size_sweep(options.min_bytes, options.max_bytes, options.step_factor)
+        except ValueError as error:
+            parser.error(str(error))
     if not isinstance(getattr(torch, options.dtype, None), torch.dtype):
         parser.error(f"--dtype {options.dtype} is not a torch dtype")
     if options.plot and options.ops == ["barrier"]:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch_ddp_lite.bench import report
 from torch_ddp_lite.bench.control import Plan, interleaved_medians, run_everywhere
 from torch_ddp_lite.bench.launch import MEMCPY, is_reporting_rank, measured_groups, rank_device, synchronizer
-from torch_ddp_lite.bench.sweep import bandwidths, format_size, op_shape, size_sweep
+from torch_ddp_lite.bench.sweep import bandwidths, describe_sizes, op_shape, size_sweep
 
 IN_PLACE_OPS = ("all_reduce", "broadcast", "barrier")
 
@@ -30,7 +30,7 @@ def run(options):
     groups = measured_groups(options.backends)
     plan = Plan(options.min_iters, options.max_iters, options.time_per_point, options.warmup_iters,
                 options.time_per_point / 4, options.rounds)
-    sizes = size_sweep(options.min_bytes, options.max_bytes, options.step_factor)
+    sizes = requested_sizes(options)
     reporting = is_reporting_rank()
     if reporting:
         print(run_header(options, sizes), flush=True)
@@ -43,6 +43,13 @@ def run(options):
     if reporting and options.plot:
         report.write_plot(options.plot, rows, plot_title(options))
         print(f"# wrote {options.plot}", flush=True)
+
+
+def requested_sizes(options):
+    """--sizes when given, else the -b/-e/-f sweep."""
+    if options.sizes:
+        return list(options.sizes)
+    return size_sweep(options.min_bytes, options.max_bytes, options.step_factor)
 
 
 def sweep_op(op, sizes, groups, dtype, device, plan, backends, reporting):
@@ -171,7 +178,7 @@ def run_header(options, sizes):
         f"# world_size {dist.get_world_size()}  device {options.device}  dtype {options.dtype}  "
         f"backends {','.join(options.backends)}  threads/rank {torch.get_num_threads()}",
         f"# ddplite algo: {algo}" + (f"  {knobs}" if knobs else ""),
-        f"# sizes {format_size(sizes[0])} .. {format_size(sizes[-1])} (x{options.step_factor});"
+        f"# sizes {describe_sizes(sizes, None if options.sizes else options.step_factor)};"
         f" per point and backend: {options.min_iters}..{options.max_iters} iterations within"
         f" {options.time_per_point} s, {options.rounds} interleaved rounds, up to {options.warmup_iters} warm-up",
         "# time: median over iterations of the slowest rank's per-iteration wall time;"

@@ -80,7 +80,7 @@ def run(options):
               f"batch {options.batch_size}/rank  {options.steps} steps after {options.warmup_steps} warm-up, "
               f"{options.rounds} interleaved rounds  threads/rank {torch.get_num_threads()}  torch {torch.__version__}",
               flush=True)
-        print(f"#{'model':>9}{'params':>10}{'backend':>12}{'step (ms)':>11}{'images/s':>10}"
+        print(f"#{'model':>9}{'params':>10}{'backend':>15}{'step (ms)':>11}{'images/s':>10}"
               f"{options.backends[0] + '/this':>14}{'step/' + NO_COMM:>16}", flush=True)
     rows = []
     for name in options.models:
@@ -176,7 +176,7 @@ def print_model_rows(rows, notes, first_backend):
         ratio = f"{first['step_ms'] / row['step_ms']:.2f}" if first and measured and row is not first else ""
         overhead = (f"{row['step_ms'] / yardstick['step_ms']:.2f}" if yardstick and (measured or yardstick_row)
                     else "")
-        print(f" {row['model']:>9}{row['params'] / 1e6:>9.1f}M{row['backend']:>12}{row['step_ms']:>11.1f}"
+        print(f" {row['model']:>9}{row['params'] / 1e6:>9.1f}M{row['backend']:>15}{row['step_ms']:>11.1f}"
               f"{row['images_per_s']:>10.0f}{ratio:>14}{overhead:>16}", flush=True)
     for backend, reason in notes:
         print(f"# {backend}: not measured, unsupported here ({reason})", flush=True)

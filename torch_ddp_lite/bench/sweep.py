@@ -53,6 +53,21 @@ def size_sweep(min_bytes, max_bytes, step_factor):
     return sizes
 
 
+def parse_size_list(text):
+    """'8,64K,1M' -> [8, 65536, 1048576]: sorted, each size once (the --sizes option)."""
+    sizes = sorted({parse_size(item) for item in str(text).split(",") if item.strip()})
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"bad size list {text!r}: expected positive sizes separated by commas, e.g. 8,64K,1M")
+    return sizes
+
+
+def describe_sizes(sizes, step_factor=None):
+    """'8 B .. 1 MB (x4)' for a sweep, '8 B, 64 KB, 1 MB' for an explicit list (step_factor None)."""
+    if step_factor is None:
+        return ", ".join(format_size(size) for size in sizes)
+    return f"{format_size(sizes[0])} .. {format_size(sizes[-1])} (x{step_factor})"
+
+
 def bus_bandwidth_factor(op, world_size):
     """busbw / algbw for `op` on `world_size` ranks (nccl-tests PERFORMANCE.md); None for barrier."""
     n = world_size
