@@ -16,15 +16,19 @@ BACKEND_NAME = "ddplite"
 
 def _create_backend(dist_backend_opts, backend_options=None):
     """torch's extended backend API: the options carry the group's name and global ranks, which
-    the flight recorder's dumps need (torch's analyzer matches ranks across groups by them)."""
+    the flight recorder's dumps need (torch's analyzer matches ranks across groups by them);
+    ``backend_options`` are the call's ``pg_options`` (torch_ddp_lite/options.py)."""
     from torch_ddp_lite import _load_extension
+    from torch_ddp_lite.options import effective_timeout
 
     opts = dist_backend_opts
+    # pg_options (torch passes them here): what applies is honoured, the rest refused (options.py).
+    timeout = effective_timeout(opts.timeout, backend_options, opts.group_rank, opts.group_size)
     return _load_extension().create_backend(
         opts.store,
         opts.group_rank,
         opts.group_size,
-        opts.timeout,
+        timeout,
         list(opts.global_ranks_in_group or []),
         str(opts.group_id or ""),
     )

@@ -151,7 +151,14 @@ PYBIND11_MODULE(_C, m) {
   // A subclass of torch's Backend.Options that copy.deepcopy can copy (dist.split_group copies
   // the parent group's options).
   py::class_<ddplite::DdpliteOptions, c10d::Backend::Options, c10::intrusive_ptr<ddplite::DdpliteOptions>>(
-      m, "DdpliteOptions", "The options of a ddplite group (torch's Backend.Options, copyable).")
+      m, "DdpliteOptions",
+      "The options of a ddplite group (torch's Backend.Options, copyable): pg_options for init_process_group "
+      "and new_group. timeout: a timedelta, or None for torch's default.")
+      .def(py::init([](std::optional<std::chrono::milliseconds> timeout) {
+             return c10::make_intrusive<ddplite::DdpliteOptions>(ddplite::DdpliteBackend::kName,
+                                                                 timeout.value_or(std::chrono::milliseconds(::kBackendDefaultTimeout)));
+           }),
+           py::arg("timeout") = py::none())
       .def("__copy__", [](const ddplite::DdpliteOptions& self) { return c10::make_intrusive<ddplite::DdpliteOptions>(self); })
       .def("__deepcopy__", [](const ddplite::DdpliteOptions& self, const py::dict&) {
         return c10::make_intrusive<ddplite::DdpliteOptions>(self);
@@ -265,7 +272,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "coalesced_work",
       [](const std::vector<c10::intrusive_ptr<c10d::Work>>& parts) {
-        return ddplite::coalescedWork(ddplite::OpContext{0, 1, "coalesced", 0}, parts);
+        return ddplite::coalescedWork(ddplite::OpContext{0, 1, "coalesced", 0}, parts, /*timed=*/false);
       },
       py::arg("parts"),
       "The one Work endCoalescing returns for `parts` (backend/coalescing.hpp); for tests with Works of "

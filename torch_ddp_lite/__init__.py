@@ -191,8 +191,13 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 register_backend()
 _load_extension()
 
+#: ``pg_options`` for ddplite groups: ``Options(timeout=timedelta(seconds=60))``; copyable, as
+#: dist.split_group needs. What ddplite honours and refuses: torch_ddp_lite/options.py.
+Options = _extension.DdpliteOptions
+
 __all__ = [
     "BACKEND_NAME",
+    "Options",
     "__version__",
     "available_algorithms",
     "build_info",

@@ -1,6 +1,7 @@
 #include "backend/arrival_recorder.hpp"
 
 #include "common/errors.hpp"
+#include "common/thread_name.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -63,7 +64,9 @@ struct ArrivalRecorder::Shared {
 
 ArrivalRecorder::ArrivalRecorder(const StoreRendezvous& rendezvous, int rank, int size)
     : shared_(std::make_shared<Shared>(rendezvous, rank)), size_(size) {
-  std::thread([shared = shared_] { shared->run(); }).detach();
+  std::thread recorder([shared = shared_] { shared->run(); });
+  nameThread(recorder, "ddplite-arrival");
+  recorder.detach();
 }
 
 ArrivalRecorder::~ArrivalRecorder() {
@@ -90,7 +93,7 @@ std::optional<std::vector<int>> ArrivalRecorder::missingRanks(uint64_t seq, std:
   auto answer = std::make_shared<std::promise<Answer>>();
   std::future<Answer> future = answer->get_future();
   const int size = size_;
-  std::thread([store = shared_->store, rank = shared_->rank, size, seq, answer]() mutable {
+  std::thread asker([store = shared_->store, rank = shared_->rank, size, seq, answer]() mutable {
     record(store, rank, seq);
     std::vector<int> missing;
     for (int member = 0; member < size; ++member) {
@@ -107,7 +110,9 @@ std::optional<std::vector<int>> ArrivalRecorder::missingRanks(uint64_t seq, std:
       if (last < seq) missing.push_back(member);
     }
     answer->set_value(std::move(missing));
-  }).detach();
+  });
+  nameThread(asker, "ddplite-missing");
+  asker.detach();
   if (future.wait_for(within) != std::future_status::ready) return std::nullopt;
   return future.get();
 }

@@ -225,7 +225,7 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   connectSharedMemory();
   p2p_ = std::make_unique<cpu::P2pEngine>(connectPointToPoint(connectBy));
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
-                                      [this](std::chrono::milliseconds t) { return resolveTimeout(t); }});
+                                      [this](std::chrono::milliseconds t) { return resolveTimeout(t); }, timing_});
   if (size > 1) arrivals_ = std::make_unique<ArrivalRecorder>(rendezvous_, rank, size);
   if (trace.name.empty()) trace.name = "0";
   if (trace.desc.empty()) trace.desc = "undefined";
@@ -490,10 +490,11 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
     if (recorder_) {
       run.trace = recorder_->record(TraceOp{frOpName(type, ctx.op), false, ctx.seq, p2pSeq_.load(), args.inputs,
                                             outputs, type == OpType::REDUCE_SCATTER, type == OpType::ALLGATHER,
-                                            cpuTransportName(), timeout});
+                                            cpuTransportName(), timeout, timing_.load(std::memory_order_relaxed)});
     }
     if (detailChecks_ && size_ > 1) run.signature = signatureOf(ctx, args.compared, args.root, args.reduceOp);
-    work = c10::make_intrusive<DdpliteWork>(ctx, type, std::move(outputs));
+    work = c10::make_intrusive<DdpliteWork>(ctx, type, std::move(outputs), profilingArgs(type, ctx.op, args.inputs),
+                                            timing_.load(std::memory_order_relaxed));
     run.refusedSeq = lastRefusedSeq_ != 0 && lastRefusedSeq_ + 1 == ctx.seq ? lastRefusedSeq_ : 0;
     if (!inlineCandidate || !worker_->tryClaimIdle()) {
       worker_->enqueue(task(work, std::move(run), std::move(body)));
@@ -526,6 +527,7 @@ bool DdpliteBackend::mayRunInline(const std::vector<at::Tensor>& outputs) const 
 }
 
 void DdpliteBackend::runOp(DdpliteWork& work, const OpRun& run, const CpuBody& body) {
+  work.markStarted();
   if (shm_) shm_->markStarted(work.context().seq);
   const Deadline deadline = Clock::now() + run.timeout;
   if (arrivals_) arrivals_->begin(work.context().seq, deadline, run.timeout);
@@ -632,9 +634,12 @@ FlightRecorder::Handle DdpliteBackend::recordP2p(const OpContext& ctx, OpType ty
   recorder_->captureCallerStack();
   const bool isSend = type == OpType::SEND;
   const c10::ArrayRef<at::Tensor> one(tensor);
-  return recorder_->record(TraceOp{frOpName(type, ctx.op), true, seq_.load(), ctx.seq,
-                                   isSend ? one : c10::ArrayRef<at::Tensor>(), isSend ? c10::ArrayRef<at::Tensor>() : one,
-                                   false, false, p2pPath_, std::chrono::milliseconds(timeoutMs_.load())});
+  const FlightRecorder::Handle handle = recorder_->record(
+      TraceOp{frOpName(type, ctx.op), true, seq_.load(), ctx.seq, isSend ? one : c10::ArrayRef<at::Tensor>(),
+              isSend ? c10::ArrayRef<at::Tensor>() : one, false, false, p2pPath_,
+              std::chrono::milliseconds(timeoutMs_.load()), timing_.load(std::memory_order_relaxed)});
+  recorder_->started(handle);  // a send/recv runs from when it is posted (its Work's duration too)
+  return handle;
 }
 
 bool DdpliteBackend::isBroken() {
@@ -762,8 +767,17 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::sparseAllreduce(const OpContext& 
     _allgather_base(output, input, gatherOptions)->wait();
     return output;
   };
-  tensor.copy_(sparseAllreduceSum(ctx, tensor, size_, allgather));
-  auto work = c10::make_intrusive<DdpliteWork>(ctx, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{tensor});
+  // Done before it is returned: its span and duration are those of the call (three all_gathers).
+  auto work = c10::make_intrusive<DdpliteWork>(ctx, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{tensor},
+                                               profilingArgs(c10d::OpType::ALLREDUCE, ctx.op, {tensor}),
+                                               timing_.load(std::memory_order_relaxed));
+  work->markStarted();
+  try {
+    tensor.copy_(sparseAllreduceSum(ctx, tensor, size_, allgather));
+  } catch (...) {
+    work->markFinished(std::current_exception());  // closes its profiler span; the caller gets the error
+    throw;
+  }
   work->markFinished(nullptr);
   return work;
 }
@@ -1089,7 +1103,10 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::send(std::vector<at::Tensor>& ten
     if (outermost) coalescing_.add(work);
     return work;
   }
-  auto work = c10::make_intrusive<DdpliteWork>(ctx, OpType::SEND, std::vector<at::Tensor>{tensor});
+  auto work = c10::make_intrusive<DdpliteWork>(ctx, OpType::SEND, std::vector<at::Tensor>{tensor},
+                                               profilingArgs(OpType::SEND, ctx.op, {tensor}),
+                                               timing_.load(std::memory_order_relaxed));
+  work->markStarted();
   const FlightRecorder::Handle trace = recordP2p(ctx, OpType::SEND, tensor, dstRank);
   p2p_->send(dstRank, tag, tensor.contiguous(), Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
              [this, work, ctx, trace](std::exception_ptr error, int source) {
@@ -1132,6 +1149,10 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::split(const c10::intrusive_ptr
     throwValueError(ctx, strCat("split ranks [", listed, "] are not distinct ranks of this group of ", size_),
                     "pass each new group's ranks once, as ranks of the group being split");
   }
+  if (opts && opts->backend != kName) {
+    throwValueError(ctx, strCat("pg_options are ", opts->backend, "'s options; a ddplite group takes ddplite's"),
+                    "pass torch_ddp_lite.Options(timeout=...) or no pg_options (the parent group's are copied)");
+  }
   if (!member) return {};
   std::string prefix = strCat("ddplite-split/", splits_, "/");
   for (int r : sorted) prefix += strCat(r, "_");
@@ -1170,7 +1191,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::endCoalescing() {
                     "use torch.distributed._coalescing_manager, or call _start_coalescing first");
   }
   if (cuda_) cuda_->endCoalescing();  // issues the CUDA ops of the group as one NCCL group
-  return coalescedWork(ctx, std::move(*parts));
+  return coalescedWork(ctx, std::move(*parts), timing_.load(std::memory_order_relaxed));
 }
 
 void DdpliteBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
@@ -1207,8 +1228,11 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
     if (outermost) coalescing_.add(work);
     return work;
   }
-  auto work = c10::make_intrusive<DdpliteWork>(
-      ctx, srcRank == cpu::P2pEngine::kAnySource ? OpType::RECVANYSOURCE : OpType::RECV, std::vector<at::Tensor>{tensor});
+  const OpType type = srcRank == cpu::P2pEngine::kAnySource ? OpType::RECVANYSOURCE : OpType::RECV;
+  auto work = c10::make_intrusive<DdpliteWork>(ctx, type, std::vector<at::Tensor>{tensor},
+                                               profilingArgs(type, ctx.op, {tensor}),
+                                               timing_.load(std::memory_order_relaxed));
+  work->markStarted();
   // The engine fills a contiguous tensor; a strided one gets its copy on the engine thread.
   at::Tensor landing = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
   const FlightRecorder::Handle trace = recordP2p(ctx, work->retrieveOpType(), tensor, srcRank);

@@ -65,6 +65,10 @@ class DdpliteBackend final : public c10d::Backend {
   c10::intrusive_ptr<Options> getBackendOptions() override;
   void setTimeout(std::chrono::milliseconds timeout) override;
   void setSequenceNumberForGroup() override {}
+  // pg._enable_collectives_timing(): every op issued afterwards serves Work._get_duration() (ms;
+  // CPU: from when the op starts running to its completion; CUDA: between events around the
+  // NCCL calls on the NCCL stream) and its flight-recorder entry carries duration_ms. Any thread.
+  void enableCollectivesTiming() override { timing_.store(true, std::memory_order_relaxed); }
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
@@ -126,8 +130,9 @@ class DdpliteBackend final : public c10d::Backend {
   // an earlier split. torch 2.11 calls split once per device type this backend serves (cpu and
   // cuda) with one `store`: a call with the store of the previous call returns what that made
   // (and then forgets both). A split this rank refuses (ValueError) still counts.
-  // The new group makes its own NCCL communicator when it first meets a CUDA tensor (no
-  // ncclCommSplit yet: docs/gpu.md). Caller's thread.
+  // CUDA: the new group's communicators come from ncclCommSplit of this group's (cuda_->split(),
+  // every rank of this group, members or not; NCCL >= 2.18 and a communicator on that GPU), else
+  // it makes its own when it first meets a CUDA tensor (docs/parity.md). Caller's thread.
   bool supportsSplitting() const override { return true; }
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& opts) override;
@@ -261,6 +266,7 @@ class DdpliteBackend final : public c10d::Backend {
   std::atomic<bool> recorderNamed_{false};     // torch's group name and desc passed on (first op)
   std::atomic<bool> dumpedOnFailure_{false};
   std::atomic<int64_t> timeoutMs_;
+  std::atomic<bool> timing_{false};  // enableCollectivesTiming; read relaxed when an op is issued
   std::unique_ptr<mpi::GroupComm> mpiComm_;              // null unless one MPI job
   std::unique_ptr<mpi::GroupComm> mpiDataComm_;          // a duplicate for mpiCollectives_
   std::unique_ptr<cpu::MpiCollectives> mpiCollectives_;  // null unless DDPLITE_CPU_TRANSPORT=mpi

@@ -66,7 +66,8 @@ std::vector<at::Tensor> outputsOf(const std::vector<c10::intrusive_ptr<c10d::Wor
 }
 
 // The aggregate DdpliteWork of `parts` (defined below coalescedWork).
-c10::intrusive_ptr<DdpliteWork> aggregateOf(const OpContext& ctx, const std::vector<c10::intrusive_ptr<c10d::Work>>& parts);
+c10::intrusive_ptr<DdpliteWork> aggregateOf(const OpContext& ctx, const std::vector<c10::intrusive_ptr<c10d::Work>>& parts,
+                                            bool timed);
 
 // The coalesced Work of parts that are not all DdpliteWorks (see coalescedWork): waits and
 // queries go to the parts; the future and WorkResult are `aggregate`'s.
@@ -143,19 +144,23 @@ class PartsWork final : public c10d::Work {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> coalescedWork(const OpContext& ctx, std::vector<c10::intrusive_ptr<c10d::Work>> parts) {
+c10::intrusive_ptr<c10d::Work> coalescedWork(const OpContext& ctx, std::vector<c10::intrusive_ptr<c10d::Work>> parts,
+                                             bool timed) {
   const bool allOurs = std::all_of(parts.begin(), parts.end(), [](const auto& part) {
     return dynamic_cast<DdpliteWork*>(part.get()) != nullptr;
   });
-  c10::intrusive_ptr<DdpliteWork> whole = aggregateOf(ctx, parts);
+  c10::intrusive_ptr<DdpliteWork> whole = aggregateOf(ctx, parts, timed);
   if (allOurs) return whole;
   return c10::make_intrusive<PartsWork>(whole, std::move(parts));
 }
 
 namespace {
 
-c10::intrusive_ptr<DdpliteWork> aggregateOf(const OpContext& ctx, const std::vector<c10::intrusive_ptr<c10d::Work>>& parts) {
-  auto whole = c10::make_intrusive<DdpliteWork>(ctx, c10d::OpType::COALESCED, outputsOf(parts));
+c10::intrusive_ptr<DdpliteWork> aggregateOf(const OpContext& ctx, const std::vector<c10::intrusive_ptr<c10d::Work>>& parts,
+                                            bool timed) {
+  // No profiler span of its own: each part has one.
+  auto whole = c10::make_intrusive<DdpliteWork>(ctx, c10d::OpType::COALESCED, outputsOf(parts), ProfilingArgs{}, timed);
+  whole->markStarted();
   if (parts.empty()) {
     whole->markFinished(nullptr);
     return whole;

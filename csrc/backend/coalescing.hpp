@@ -54,7 +54,9 @@ class CoalescingCollector {
 //   stream after the kernel): a Work whose wait(), synchronize(), isCompleted() and exception()
 //   ask each part, so the caller's stream waits on every kernel and a failure the watchdog
 //   reports later still surfaces; its future and WorkResult are the aggregate above.
-// No parts: completed at once.
-c10::intrusive_ptr<c10d::Work> coalescedWork(const OpContext& ctx, std::vector<c10::intrusive_ptr<c10d::Work>> parts);
+// No parts: completed at once. `timed`: the aggregate serves getDuration, measured from this call
+// (the end of the coalescing block) to the completion of its last part.
+c10::intrusive_ptr<c10d::Work> coalescedWork(const OpContext& ctx, std::vector<c10::intrusive_ptr<c10d::Work>> parts,
+                                             bool timed);
 
 }  // namespace ddplite

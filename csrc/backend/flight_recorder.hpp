@@ -69,6 +69,7 @@ struct TraceOp {
   bool flatOutputs = false;
   const char* dataPath = "";  // "shm", "tcp", "mpi", "hierarchical", "p2p"
   std::chrono::milliseconds timeout{0};
+  bool timed = false;  // collectives timing on (enableCollectivesTiming): the entry gets duration_ms
 };
 
 // torch's flight-recorder name for an op of c10d type `type` called `op` by ddplite
@@ -97,6 +98,7 @@ class FlightRecorder {
   // thread holding the GIL may wait for.
   void captureCallerStack() const;
   Handle record(const TraceOp& op);
+  // Stamps time_discovered_started_ns (wall clock) on the thread that begins running the op.
   void started(Handle handle);
   // `algorithm`: what ran (static string) or nullptr.
   void completed(Handle handle, const char* algorithm);

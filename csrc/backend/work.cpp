@@ -2,11 +2,33 @@
 
 namespace ddplite {
 
-DdpliteWork::DdpliteWork(const OpContext& context, c10d::OpType type, std::vector<at::Tensor> outputs)
-    : c10d::Work(context.rank, type, nullptr),
+DdpliteWork::DdpliteWork(const OpContext& context, c10d::OpType type, std::vector<at::Tensor> outputs,
+                         ProfilingArgs profiling, bool timed)
+    : c10d::Work(context.rank, type, profiling.title, profiling.inputs),
       context_(context),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+      timed_(timed) {}
+
+float DdpliteWork::getDuration() const {
+  if (!timed_) {
+    throwRuntimeError(context_, "Work._get_duration() needs collectives timing, which was off when this op was issued",
+                      "call pg._enable_collectives_timing() on the group (every rank) before issuing the op, as for "
+                      "torch's NCCL backend");
+  }
+  bool done = false;
+  {
+    // Work::finish sets completed_ under this mutex after the clock's end(): seeing it completed
+    // here orders both clock stores before the reads below.
+    std::lock_guard<std::mutex> lock(mutex_);
+    done = completed_;
+  }
+  const std::optional<float> duration = done ? clock_.durationMs() : std::nullopt;
+  if (!duration) {
+    throwRuntimeError(context_, "Work._get_duration() called before the op completed", "call work.wait() first");
+  }
+  return *duration;
+}
 
 bool DdpliteWork::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
@@ -53,6 +75,7 @@ void DdpliteWork::markFinished(std::exception_ptr error, c10d::WorkResult outcom
     result_ = error ? outcome : c10d::WorkResult::SUCCESS;
     resultFuture = resultFuture_;
   }
+  if (timed_) clock_.end();
   // The futures first: a caller woken by wait() may read getFuture()->value() at once.
   if (resultFuture) resultFuture->markCompleted(c10::IValue(static_cast<int64_t>(*result_)));
   if (error) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "common/errors.hpp"
+#include "common/profiling.hpp"
 
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -21,7 +22,10 @@ namespace ddplite {
 
 class DdpliteWork final : public c10d::Work {
  public:
-  DdpliteWork(const OpContext& context, c10d::OpType type, std::vector<at::Tensor> outputs);
+  // `profiling`: the profiler span to open (common/profiling.hpp; none by default). `timed`:
+  // the group has collectives timing on (enableCollectivesTiming), so getDuration serves it.
+  DdpliteWork(const OpContext& context, c10d::OpType type, std::vector<at::Tensor> outputs,
+              ProfilingArgs profiling = {}, bool timed = false);
 
   // wait(): blocks until done (an infinite wait is still bounded by the op's own timeout,
   // which the worker enforces). wait(t) with t > 0 raises DistBackendError after t.
@@ -39,6 +43,15 @@ class DdpliteWork final : public c10d::Work {
 
   const OpContext& context() const { return context_; }
 
+  // Running thread, when the op begins to run (a queued op's wait in the queue is not counted;
+  // a send/recv starts when it is posted). A no-op unless timed.
+  void markStarted() {
+    if (timed_) clock_.start();
+  }
+  // Milliseconds from markStarted to completion, as torch's Work._get_duration() reports them.
+  // RuntimeError when the group's timing was off when the op was issued, or before completion.
+  float getDuration() const override;
+
   // Completing thread only. Completes the futures, then the Work, outside every lock of ours
   // (future callbacks run inline and may take the GIL). `outcome` classifies a failure for
   // getFutureResult (COMM_ERROR unless said otherwise); ignored on success.
@@ -49,6 +62,8 @@ class DdpliteWork final : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> sourceRank_{-1};
+  const bool timed_;
+  OpClock clock_;
   std::mutex resultMutex_;  // guards the two below
   c10::intrusive_ptr<c10::ivalue::Future> resultFuture_;  // getFutureResult's, once asked for
   std::optional<c10d::WorkResult> result_;                 // set by markFinished

@@ -1,10 +1,13 @@
 #include "backend/worker.hpp"
 
 #include "common/errors.hpp"
+#include "common/thread_name.hpp"
 
 namespace ddplite {
 
-Worker::Worker() : state_(std::make_shared<State>()), thread_([state = state_] { loop(*state); }) {}
+Worker::Worker() : state_(std::make_shared<State>()), thread_([state = state_] { loop(*state); }) {
+  nameThread(thread_, "ddplite-worker");
+}
 
 Worker::~Worker() {
   drainAndStop();

@@ -32,4 +32,8 @@ void throwRuntimeError(const std::string& what, const std::string& hint) {
   C10_THROW_ERROR(Error, compose("ddplite", what, hint));
 }
 
+void throwRuntimeError(const OpContext& ctx, const std::string& what, const std::string& hint) {
+  C10_THROW_ERROR(Error, compose(ctx.describe(), what, hint));
+}
+
 }  // namespace ddplite

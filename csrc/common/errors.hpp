@@ -44,6 +44,8 @@ std::string strCat(const Args&... args) {
 
 // A feature missing from this build (MPI, NCCL): Python sees RuntimeError.
 [[noreturn]] void throwRuntimeError(const std::string& what, const std::string& hint);
+// A call this op does not serve in its present state (RuntimeError), with the op's context.
+[[noreturn]] void throwRuntimeError(const OpContext& ctx, const std::string& what, const std::string& hint);
 
 }  // namespace ddplite
 

@@ -2,6 +2,7 @@
 
 #include "common/errors.hpp"
 #include "common/logging.hpp"
+#include "common/thread_name.hpp"
 
 #include <cstring>
 
@@ -36,11 +37,11 @@ P2pEngine::P2pEngine(std::unique_ptr<Transport> transport)
       sends_(size_),
       gone_(size_),
       sendBroken_(size_) {
-  threads_.emplace_back([this] { timerLoop(); });
+  nameThread(threads_.emplace_back([this] { timerLoop(); }), "ddplite-timer");
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
-    threads_.emplace_back([this, peer] { sendLoop(peer); });
-    threads_.emplace_back([this, peer] { receiveLoop(peer); });
+    nameThread(threads_.emplace_back([this, peer] { sendLoop(peer); }), "tx", peer);
+    nameThread(threads_.emplace_back([this, peer] { receiveLoop(peer); }), "rx", peer);
   }
 }
 

@@ -35,6 +35,9 @@ struct CudaPathDeps {
   std::mutex& orderMutex;      // held while a sequence number is assigned and the op is issued
   std::atomic<uint64_t>& seq;  // the group's collective sequence number (shared with the CPU path)
   std::function<std::chrono::milliseconds(std::chrono::milliseconds)> resolveTimeout;  // opts.timeout -> effective
+  // enableCollectivesTiming was called (any thread; read relaxed when an op is issued): Works
+  // issued from then on serve getDuration.
+  const std::atomic<bool>& timing;
 };
 
 // A split group's CUDA state made from its parent's (opaque to the backend): NcclPath's holds the

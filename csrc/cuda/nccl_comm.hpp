@@ -1,10 +1,10 @@
 // One NCCL communicator: one (process group, CUDA device) pair.
 //
 // Each ddplite backend object is one process group and owns its communicators, so subgroups
-// (new_group) get their own. They are created with a fresh ncclCommInitRank per group rather
-// than ncclCommSplit of the default group's communicator: groups are created lazily and
-// independently (a subgroup may touch CUDA before the world group does), and a fresh init needs
-// nothing but the group's own Bootstrap.
+// get their own. A new_group's are created with a fresh, nonblocking ncclCommInitRankConfig:
+// groups are created lazily and independently (a subgroup may touch CUDA before the world group
+// does), and a fresh init needs nothing but the group's own Bootstrap. A split_group's come from
+// split() (ncclCommSplit of the parent's communicator).
 //
 // Threads: create() is collective (every rank of the group calls it, in the same order); lease()
 // from the launching thread; asyncError() from the watchdog; abort() from any thread, any time.

@@ -442,7 +442,11 @@ c10::intrusive_ptr<c10d::Work> NcclPath::launch(DeviceState& state, Call call, s
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(call.device.index());
   const bool capturing = isCapturing(current);
   const auto timeout = deps_.resolveTimeout(call.timeout);
-  auto work = c10::make_intrusive<NcclWork>(ctx, call.type, call.device, call.outputs, timeout, call.barrier);
+  // keepAlive holds the inputs NCCL reads (empty when they are the outputs, as in all_reduce).
+  auto work = c10::make_intrusive<NcclWork>(ctx, call.type, call.device, call.outputs, timeout, call.barrier,
+                                            profilingArgs(call.type, call.op,
+                                                          call.keepAlive.empty() ? call.outputs : call.keepAlive),
+                                            deps_.timing.load(std::memory_order_relaxed));
   work->waitForCaller(current, ncclStream);
   if (inGroup && !call.barrier) {
     if (!call.p2p) deps_.seq = ctx.seq;

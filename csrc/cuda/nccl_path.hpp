@@ -1,9 +1,10 @@
 // NcclPath: CUDA tensors of one process group on the group's own NCCL communicators.
 //
 // Per device, on the first CUDA op that touches it (collective: every rank reaches it in the
-// same op), the ranks exchange their GPU's UUID through the Bootstrap. If no two ranks share a
-// GPU (or NCCL >= 2.30 runs in multi-rank mode on every rank), rank 0 makes an NCCL unique id,
-// the Bootstrap carries it, and every rank runs ncclCommInitRank; the device then gets a
+// same op), the ranks exchange their host, GPU PCI bus id, UUID and compute capability through
+// the Bootstrap. If no two ranks share a GPU (or NCCL >= 2.30 runs in multi-rank mode on every
+// rank), rank 0 makes an NCCL unique id, the Bootstrap carries it, and every rank runs a
+// nonblocking ncclCommInitRankConfig (a split group adopts its parent's split instead); the device then gets a
 // dedicated NCCL stream from torch's pool. If two ranks share the GPU, the device is served by
 // StagedPath instead, with a one-time warning (DDPLITE_CUDA_STAGING can force either choice).
 //

@@ -1,6 +1,7 @@
 #include "cuda/nccl_watchdog.hpp"
 
 #include "common/logging.hpp"
+#include "common/thread_name.hpp"
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -13,7 +14,9 @@ constexpr auto kPollInterval = std::chrono::milliseconds(10);
 
 NcclWatchdog::NcclWatchdog(at::Device device, std::function<WatchdogFailure()> checkComms,
                            std::function<void(const WatchdogFailure&)> onFailure)
-    : device_(device), checkComms_(std::move(checkComms)), onFailure_(std::move(onFailure)), thread_([this] { loop(); }) {}
+    : device_(device), checkComms_(std::move(checkComms)), onFailure_(std::move(onFailure)), thread_([this] { loop(); }) {
+  nameThread(thread_, "ddplite-nccl-wd");
+}
 
 NcclWatchdog::~NcclWatchdog() {
   stop();

@@ -7,14 +7,16 @@
 namespace ddplite::nccl {
 
 NcclWork::NcclWork(const OpContext& context, c10d::OpType type, at::Device device, std::vector<at::Tensor> outputs,
-                   std::chrono::milliseconds timeout, bool isBarrier)
-    : c10d::Work(context.rank, type, nullptr),
+                   std::chrono::milliseconds timeout, bool isBarrier, ProfilingArgs profiling, bool timed)
+    : c10d::Work(context.rank, type, profiling.title, profiling.inputs),
       context_(context),
       device_(device),
       outputs_(std::move(outputs)),
       timeout_(timeout),
       isBarrier_(isBarrier),
       launchedAt_(std::chrono::steady_clock::now()),
+      timingStart_(timed ? std::make_unique<c10::cuda::CUDAEvent>(cudaEventDefault) : nullptr),
+      endEvent_(timed ? cudaEventDefault : cudaEventDisableTiming),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                        std::vector<c10::Device>{device})),
       resultFuture_(c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get())) {}
@@ -27,6 +29,7 @@ void NcclWork::stash(std::vector<at::Tensor> tensors) {
 void NcclWork::waitForCaller(const c10::cuda::CUDAStream& current, const c10::cuda::CUDAStream& ncclStream) {
   startEvent_.record(current);
   startEvent_.block(ncclStream);
+  if (timingStart_) timingStart_->record(ncclStream);
 }
 
 void NcclWork::recordEnd(const c10::cuda::CUDAStream& ncclStream) {
@@ -86,6 +89,18 @@ void NcclWork::releaseStash() {
   std::vector<at::Tensor> released;
   std::lock_guard<std::mutex> lock(mutex_);
   released.swap(stash_);
+}
+
+float NcclWork::getDuration() const {
+  if (!timingStart_) {
+    throwRuntimeError(context_, "Work._get_duration() needs collectives timing, which was off when this op was issued",
+                      "call pg._enable_collectives_timing() on the group (every rank) before issuing the op");
+  }
+  if (failed_.load() || !launched() || !endEventDone()) {
+    throwRuntimeError(context_, "Work._get_duration() called before the op completed on the GPU (or after it failed)",
+                      "call work.wait() and torch.cuda.synchronize() first");
+  }
+  return timingStart_->elapsed_time(endEvent_);
 }
 
 bool NcclWork::isCompleted() {

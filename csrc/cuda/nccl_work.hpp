@@ -26,6 +26,7 @@
 #pragma once
 
 #include "common/errors.hpp"
+#include "common/profiling.hpp"
 
 #include <ATen/core/ivalue.h>
 #include <c10/cuda/CUDAEvent.h>
@@ -34,14 +35,18 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <vector>
 
 namespace ddplite::nccl {
 
 class NcclWork final : public c10d::Work {
  public:
+  // `profiling`: the profiler span (closed when the watchdog sees the end event, or on failure).
+  // `timed`: getDuration serves the GPU time between a start event recorded on the NCCL stream
+  // once it has waited for the caller, and the end event (both timing events then).
   NcclWork(const OpContext& context, c10d::OpType type, at::Device device, std::vector<at::Tensor> outputs,
-           std::chrono::milliseconds timeout, bool isBarrier);
+           std::chrono::milliseconds timeout, bool isBarrier, ProfilingArgs profiling = {}, bool timed = false);
 
   // Launching thread, in this order around the NCCL call(s).
   void stash(std::vector<at::Tensor> tensors);
@@ -66,6 +71,8 @@ class NcclWork final : public c10d::Work {
   // completed, TIMEOUT or COMM_ERROR when it failed the op (never, for an op captured in a graph).
   c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override { return resultFuture_; }
   uint64_t getSequencenumber() const override { return context_.seq; }
+  // Milliseconds of GPU time (see the constructor); RuntimeError unless timed and completed.
+  float getDuration() const override;
 
   const OpContext& context() const { return context_; }
   at::Device device() const { return device_; }
@@ -92,7 +99,9 @@ class NcclWork final : public c10d::Work {
   std::chrono::steady_clock::time_point launchedAt_;  // set by recordEnd, before the watchdog sees the Work
   std::vector<at::Tensor> stash_;  // guarded by mutex_
   c10::cuda::CUDAEvent startEvent_{cudaEventDisableTiming};
-  c10::cuda::CUDAEvent endEvent_{cudaEventDisableTiming};
+  // Timed Works: a timing start event on the NCCL stream, and an end event that times too.
+  std::unique_ptr<c10::cuda::CUDAEvent> timingStart_;
+  c10::cuda::CUDAEvent endEvent_;
   std::atomic<bool> failed_{false};
   // Set (release) by markLaunched on the launching thread after the end event is recorded; read
   // (acquire) by isCompleted/wait on any thread, so a reader that sees it sees the event.

@@ -99,7 +99,10 @@ c10::intrusive_ptr<c10d::Work> StagedPath::copyBackWhenDone(const c10::intrusive
                                                             OpType type, std::vector<at::Tensor> host,
                                                             std::vector<at::Tensor> device) {
   const OpContext ctx{deps_.rank, deps_.size, op, inner->getSequencenumber()};
-  auto outer = c10::make_intrusive<DdpliteWork>(ctx, type, device);
+  // No profiler span of its own: the CPU op it wraps has one. Timed from here (the host copy made).
+  auto outer = c10::make_intrusive<DdpliteWork>(ctx, type, device, ProfilingArgs{},
+                                                deps_.timing.load(std::memory_order_relaxed));
+  outer->markStarted();
   inner->getFuture()->addCallback([outer, inner, host = std::move(host), device](c10::ivalue::Future& done) mutable {
     outer->setSourceRank(inner->sourceRank());  // recv from any source
     if (done.hasError()) {

@@ -182,7 +182,7 @@ class ShmGroup {
   uint64_t refusedSeq_ = 0;  // of the current collective (beginCollective)
   uint8_t nextPart_ = 0;
   bool open_ = false;  // see collectiveOpen()
-  // DDPLITE_TEST_FAULT=shm_post:<rank>:<seq>: this rank throws std::bad_alloc right after it
+  // DDPLITE_TEST_HOOKS=shm_fault=<rank>:<seq>: this rank throws std::bad_alloc right after it
   // posts a step of collective <seq> (0: never). Tests only.
   uint64_t faultSeq_ = 0;
 };

@@ -1,0 +1,28 @@
+// Names for ddplite's threads, so that top -H, ps -L, gdb and py-spy tell them apart:
+// "ddplite-worker", "ddplite-tx-<peer>", ... (the list: docs/observability.md "Threads").
+#pragma once
+
+#include <pthread.h>
+
+#include <cstdio>
+#include <thread>
+
+namespace ddplite {
+
+// Names `thread`, by the thread that started it, right after starting it: the name is in place
+// when the starter returns (a thread that named itself could still be seen by its old name).
+// Linux keeps 15 characters; a longer name is cut, never refused.
+inline void nameThread(std::thread& thread, const char* name) {
+  char cut[16];
+  std::snprintf(cut, sizeof(cut), "%s", name);
+  ::pthread_setname_np(thread.native_handle(), cut);
+}
+
+// "ddplite-<role>-<n>", e.g. ddplite-tx-12 for the thread that sends to peer 12.
+inline void nameThread(std::thread& thread, const char* role, int n) {
+  char name[16];
+  std::snprintf(name, sizeof(name), "ddplite-%s-%d", role, n);
+  ::pthread_setname_np(thread.native_handle(), name);
+}
+
+}  // namespace ddplite

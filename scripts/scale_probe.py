@@ -1,0 +1,114 @@
+"""Per-rank costs as the group grows (issue 27's probe): start-up, a small all_reduce, threads and
+open descriptors per rank, ddplite against gloo, in one run with the backends interleaved.
+
+    python scripts/scale_probe.py --ranks 8,16,32,64 [--backends ddplite,ddplite-tcp,gloo] [--json out.json]
+
+Each cell is the worst rank's: init_process_group over tcp:// plus a first all_reduce of 4 floats
+("init + first"), the median of 20 more ("small all_reduce"), and the process's threads and open
+fds right after them. All ranks run on this host, one process each (fork of a fresh interpreter
+per rank: nothing is shared between them but the machine).
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+RANK_CODE = r"""
+import os, sys, time, json
+import torch, torch.distributed as dist
+backend, url, rank, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+if backend.startswith("ddplite"):
+    import torch_ddp_lite  # noqa: F401
+start = time.perf_counter()
+dist.init_process_group(backend.split("-")[0], init_method=url, rank=rank, world_size=size)
+tensor = torch.ones(4)
+dist.all_reduce(tensor)
+first = time.perf_counter() - start
+times = []
+for _ in range(20):
+    t0 = time.perf_counter()
+    dist.all_reduce(tensor)
+    times.append(time.perf_counter() - t0)
+threads = len(os.listdir("/proc/self/task"))
+fds = len(os.listdir("/proc/self/fd"))
+dist.barrier()
+print(json.dumps({"rank": rank, "first_s": first, "small_ms": sorted(times)[len(times) // 2] * 1e3,
+                  "threads": threads, "fds": fds}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_job(backend, size, timeout_s):
+    url = f"tcp://127.0.0.1:{free_port()}"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("DDPLITE_CPU_TRANSPORT", None)
+    if backend == "ddplite-tcp":
+        env["DDPLITE_CPU_TRANSPORT"] = "tcp"
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_CODE, backend, url, str(rank), str(size)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for rank in range(size)]
+    rows, errors = [], []
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            return None, f"timed out after {timeout_s} s"
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            errors.append(err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}")
+        else:
+            rows.append(json.loads(lines[-1]))
+    if errors:
+        return None, errors[0]
+    return {
+        "first_s": max(r["first_s"] for r in rows),
+        "small_ms": max(r["small_ms"] for r in rows),
+        "small_ms_median_rank": statistics.median(r["small_ms"] for r in rows),
+        "threads": max(r["threads"] for r in rows),
+        "fds": max(r["fds"] for r in rows),
+    }, None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", default="8,16,32,64", help="comma-separated world sizes")
+    parser.add_argument("--backends", default="ddplite,ddplite-tcp,gloo",
+                        help="ddplite (default path), ddplite-tcp (DDPLITE_CPU_TRANSPORT=tcp), gloo")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.ranks.split(",")]
+    backends = args.backends.split(",")
+    results = []
+    header = f"{'ranks':>5} {'backend':<12} {'init+first (s)':>14} {'small AR (ms)':>13} {'threads':>7} {'fds':>5}"
+    print(header)
+    for size in sizes:
+        for backend in backends:  # interleaved: every backend at one size before the next size
+            row, error = run_job(backend, size, args.timeout)
+            results.append({"ranks": size, "backend": backend, **(row or {}), "error": error})
+            if row is None:
+                print(f"{size:>5} {backend:<12} failed: {error}")
+            else:
+                print(f"{size:>5} {backend:<12} {row['first_s']:>14.2f} {row['small_ms']:>13.3f} "
+                      f"{row['threads']:>7} {row['fds']:>5}", flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "rows": results}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
