@@ -2,6 +2,9 @@
 
 #include "common/errors.hpp"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 namespace ddplite {
 
 namespace {
@@ -49,6 +52,13 @@ void StoreRendezvous::erase(const std::string& key) {
     store_->deleteKey(kNamespace + prefix_ + key);
   } catch (const std::exception&) {
   }
+}
+
+std::string StoreRendezvous::storeHost() const {
+  c10::intrusive_ptr<c10d::Store> store = store_;
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store.get())) store = prefixed->getUnderlyingNonPrefixStore();
+  if (auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get())) return tcp->getHost();
+  return "";
 }
 
 void StoreRendezvous::recordFailure(const std::string& reason) {

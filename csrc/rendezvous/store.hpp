@@ -35,6 +35,10 @@ class StoreRendezvous {
   // Store::deleteKey; store errors are swallowed (cleanup must not fail a run that worked).
   void erase(const std::string& key);
 
+  // The host of the TCPStore under this store's prefixes ("::1", "10.0.0.1", a name), "" when it is
+  // not a TCPStore (file://, a HashStore): the address family ranks listen in may follow it.
+  std::string storeHost() const;
+
   // Failure broadcast: the first rank that sees a peer fail records the root cause here before
   // it tears its connections down, so that ranks which only see the cascade can name the rank
   // that really failed. Both calls swallow store errors: the store host may be the rank that died.

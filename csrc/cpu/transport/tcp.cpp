@@ -114,22 +114,16 @@ void tuneDataSocket(int fd, int rank, const std::string& about) {
   setBlocking(fd, false, rank, about);
 }
 
-// "a.b.c.d:port" as published in the store; a malformed one (a foreign key, a corrupted store)
-// is a DistBackendError, not std::stoi's exception.
-sockaddr_in parseAddress(const std::string& hostPort, int rank) {
-  const size_t colon = hostPort.rfind(':');
-  const std::string portText = colon == std::string::npos ? "" : hostPort.substr(colon + 1);
-  char* end = nullptr;
-  errno = 0;
-  const long port = portText.empty() ? -1 : std::strtol(portText.c_str(), &end, 10);
-  sockaddr_in address = {};
-  address.sin_family = AF_INET;
-  if (port < 0 || port > 65535 || errno != 0 || *end != '\0' ||
-      inet_pton(AF_INET, hostPort.substr(0, colon).c_str(), &address.sin_addr) != 1) {
-    throwDistError(strCat("rank ", rank, ": '", hostPort, "' is not an IPv4 address:port"),
+// "a.b.c.d:port" or "[ipv6]:port" as published in the store; a malformed one (a foreign key, a
+// corrupted store) is a DistBackendError, not std::stoi's exception. A link-local IPv6 address is
+// reached through `localScope` (this rank's own interface on that link) when non-zero.
+net::Endpoint parseAddress(const std::string& hostPort, int rank, unsigned localScope = 0) {
+  net::Endpoint address;
+  std::string problem;
+  if (!net::parseEndpoint(hostPort, localScope, &address, &problem)) {
+    throwDistError(strCat("rank ", rank, ": ", problem),
                    "the store holds a bad address for a rank; check that no other job shares this store's keys");
   }
-  address.sin_port = htons(static_cast<uint16_t>(port));
   return address;
 }
 
@@ -195,10 +189,11 @@ bool readBefore(int fd, void* data, size_t bytes, Deadline deadline) {
   return transferBefore(fd, static_cast<char*>(data), bytes, /*sending=*/false, deadline);
 }
 
-std::string describeAddress(const sockaddr_in& address) {
-  char text[INET_ADDRSTRLEN] = "?";
-  inet_ntop(AF_INET, &address.sin_addr, text, sizeof(text));
-  return strCat(text, ":", ntohs(address.sin_port));
+std::string describeAddress(const net::Endpoint& address) { return net::describeEndpoint(address.get()); }
+
+uint16_t portOf(const sockaddr_storage& address) {
+  return ntohs(address.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6&>(address).sin6_port
+                                             : reinterpret_cast<const sockaddr_in&>(address).sin_port);
 }
 
 // Waits for a non-blocking connect; returns 0 or the socket error.
@@ -235,6 +230,23 @@ int pendingIovecs(char* header, size_t headerLeft, char* cursor, size_t left, io
   return count;
 }
 
+// When a rank cannot reach a peer's address of the other family: what each published, for the
+// error (a host without IPv6 cannot reach a rank that publishes only IPv6, and the other way round).
+std::string familyMismatch(int rank, const std::string& myAddress, int peer, const std::string& peerAddress,
+                           int peerFamily) {
+  const int mine = myAddress.empty() || myAddress[0] != '[' ? AF_INET : AF_INET6;
+  if (peerFamily == mine) return "";
+  return strCat("; rank ", peer, " published an ", net::familyName(peerFamily), " address (", peerAddress, ") and rank ",
+                rank, " an ", net::familyName(mine), " one (", myAddress, "): the ranks chose addresses of different "
+                "families, and rank ", rank, "'s host cannot reach rank ", peer, "'s over ",
+                net::familyName(peerFamily));
+}
+
+std::string familyHint() {
+  return "give every rank addresses of one family: the same MASTER_ADDR (or init_method host) on every host, or "
+         "DDPLITE_SOCKET_IFNAME naming interfaces that carry that family (IPv4 or IPv6) on every host";
+}
+
 std::string unreachableHint() {
   return "the address above must be reachable from this host; if the rank listens on the wrong "
          "interface, set DDPLITE_SOCKET_IFNAME (NCCL syntax, e.g. DDPLITE_SOCKET_IFNAME=eth0 or "
@@ -268,8 +280,9 @@ struct TcpTransport::MeshSetup {
   std::string purpose;    // store-key prefix of this mesh ("" or "p2p/")
   std::string host;       // the address this rank listens on, and why it was chosen
   std::string why;
-  std::string myAddress;  // host:port, once listening
+  std::string myAddress;  // host:port ("[host]:port" for IPv6), once listening
   std::string secret;     // the mesh's shared secret (auth.hpp); "" with DDPLITE_AUTH=0
+  unsigned scope = 0;     // interface index of `host` when it is IPv6 link-local (0 otherwise)
 
   std::string addressKey(int peer) const { return strCat(purpose, "addr/", peer); }
   std::string peerAddress(int peer) const {
@@ -297,7 +310,8 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
   }
   MeshSetup setup{rendezvous, rank, size, deadline, purpose, "", "", "", ""};
   setup.secret = shareSecret(setup);
-  setup.host = net::chooseListenAddress(&setup.why);
+  setup.host = net::chooseListenAddress(&setup.why, rendezvous.storeHost());
+  setup.scope = net::scopeOf(setup.host);
   UniqueFd listener(openListener(setup));
   transport->addresses_[rank] = setup.myAddress;
   for (int peer = 0; peer < rank; ++peer) {
@@ -370,19 +384,19 @@ std::string TcpTransport::shareSecret(const MeshSetup& setup) {
 // Listens on an ephemeral port of setup.host and publishes host:port in the store.
 int TcpTransport::openListener(MeshSetup& setup) {
   const std::string about = strCat("to listen on ", setup.host);
-  UniqueFd listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const net::Endpoint bindAddress = parseAddress(net::joinHostPort(setup.host, 0), setup.rank);
+  UniqueFd listener(socket(bindAddress.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
   checkCall(listener.get(), setup.rank, "socket", about);
-  sockaddr_in bindAddress = parseAddress(setup.host + ":0", setup.rank);
-  if (bind(listener.get(), reinterpret_cast<sockaddr*>(&bindAddress), sizeof(bindAddress)) != 0 ||
+  if (bind(listener.get(), bindAddress.get(), bindAddress.length) != 0 ||
       listen(listener.get(), SOMAXCONN) != 0) {  // strangers must not fill a backlog sized for the peers
     throwDistError(strCat("rank ", setup.rank, " cannot listen on ", setup.host, ": ", std::strerror(errno)),
                    "choose another interface with DDPLITE_SOCKET_IFNAME");
   }
-  sockaddr_in bound = {};
+  sockaddr_storage bound = {};
   socklen_t length = sizeof(bound);
   checkCall(getsockname(listener.get(), reinterpret_cast<sockaddr*>(&bound), &length), setup.rank, "getsockname",
             about);
-  setup.myAddress = strCat(setup.host, ":", ntohs(bound.sin_port));
+  setup.myAddress = net::joinHostPort(setup.host, portOf(bound));
   DDPLITE_LOG(kInfo, "rank ", setup.rank, "/", setup.size, " listens on ", setup.myAddress, " (", setup.why, ")");
   setup.rendezvous.set(setup.addressKey(setup.rank), setup.myAddress);
   return listener.release();
@@ -392,12 +406,16 @@ int TcpTransport::openListener(MeshSetup& setup) {
 // with `peer`, or -1 with *error set when the attempt may be retried (connect refused or timed
 // out, the listener closed before acknowledging). A listener that answers but fails to prove it
 // holds the group's secret is not retried: that throws.
-int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const sockaddr_in& target, int* error) {
+int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoint& target, int* error) {
   const std::string about = "to connect to a lower rank";
-  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  UniqueFd fd(socket(target.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0 && errno == EAFNOSUPPORT) {  // no IPv6 (or IPv4) in this kernel: not worth retrying
+    *error = errno;
+    return -1;
+  }
   checkCall(fd.get(), setup.rank, "socket", about);
   setBlocking(fd.get(), false, setup.rank, about);
-  const int result = connect(fd.get(), reinterpret_cast<const sockaddr*>(&target), sizeof(target));
+  const int result = connect(fd.get(), target.get(), target.length);
   *error = (result == 0) ? 0 : (errno == EINPROGRESS ? finishConnect(fd.get(), setup.deadline) : errno);
   if (*error != 0) return -1;
   Hello hello = {setup.authenticates() ? kAuthHelloMagic : kHelloMagic, setup.rank, setup.size, {}, {}};
@@ -436,20 +454,26 @@ void TcpTransport::throwImpostor(const MeshSetup& setup, int peer, const std::st
 }
 
 // Connects to `peer` (a lower rank), retrying refusals until the deadline (a peer's backlog may
-// be full for a moment). Past the deadline: records the failure in the store, so the ranks
-// waiting for this one quote it, and throws.
+// be full for a moment). Past the deadline, or at once when the peer published the other address
+// family and this host has no address or route in it: records the failure in the store, so the
+// ranks waiting for this one quote it, and throws.
 int TcpTransport::connectToLowerRank(const MeshSetup& setup, int peer, const std::string& peerAddress) {
-  const sockaddr_in target = parseAddress(peerAddress, setup.rank);
+  const net::Endpoint target = parseAddress(peerAddress, setup.rank, setup.scope);
   while (true) {
     int error = 0;
     const int fd = tryConnect(setup, peer, target, &error);
     if (fd >= 0) return fd;
-    if (Clock::now() >= setup.deadline) {
+    const std::string mismatch = familyMismatch(setup.rank, setup.myAddress, peer, peerAddress, target.family());
+    // The peer published the other family and this host has no address or route in it: retrying
+    // cannot help, and the ranks waiting for this one quote the failure at once instead of at the deadline.
+    const bool noRouteInThatFamily =
+        !mismatch.empty() && (error == EAFNOSUPPORT || error == EADDRNOTAVAIL || error == ENETUNREACH);
+    if (Clock::now() >= setup.deadline || error == EAFNOSUPPORT || noRouteInThatFamily) {
       const std::string failure = strCat("rank ", setup.rank, " could not connect to rank ", peer, " at ", peerAddress,
                                          ": ", std::strerror(error), " (rank ", setup.rank, " listens on ",
-                                         setup.myAddress, ", ", setup.why, ")");
+                                         setup.myAddress, ", ", setup.why, ")", mismatch);
       setup.rendezvous.recordFailure(failure);
-      throwDistError(failure, unreachableHint());
+      throwDistError(failure, mismatch.empty() ? unreachableHint() : familyHint());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -494,7 +518,7 @@ void TcpTransport::acceptHigherRanks(const MeshSetup& setup, int listener, TcpTr
 void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener, size_t stillExpected,
                                             std::vector<PendingHandshake>& pending) {
   while (true) {
-    sockaddr_in from = {};
+    sockaddr_storage from = {};
     socklen_t length = sizeof(from);
     UniqueFd fd(accept4(listener, reinterpret_cast<sockaddr*>(&from), &length, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (fd.get() < 0) {
@@ -514,7 +538,7 @@ void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener
       }
       return;
     }
-    PendingHandshake connection{std::move(fd), describeAddress(from),
+    PendingHandshake connection{std::move(fd), net::describeEndpoint(reinterpret_cast<sockaddr*>(&from)),
                                 std::min<Deadline>(setup.deadline, Clock::now() + kHandshakeLimit)};
     if (setup.authenticates()) {
       connection.challenge = auth::newNonce();
@@ -586,9 +610,11 @@ void TcpTransport::throwMissingHigherRanks(const MeshSetup& setup, const TcpTran
   for (int peer = setup.rank + 1; peer < setup.size; ++peer) {
     if (transport.fds_[peer] < 0) missing += strCat(missing.empty() ? "" : ", ", peer);
   }
+  const std::string report = peerReport(setup.rendezvous);
+  const bool families = report.find("addresses of different families") != std::string::npos;
   throwDistError(strCat("rank ", setup.rank, " (listening on ", setup.myAddress, ", ", setup.why,
-                        "): Timed out waiting for rank(s) ", missing, " to connect", peerReport(setup.rendezvous)),
-                 "those ranks may not reach this address; " + unreachableHint());
+                        "): Timed out waiting for rank(s) ", missing, " to connect", report),
+                 families ? familyHint() : "those ranks may not reach this address; " + unreachableHint());
 }
 
 std::vector<int> exchangeRanksOverNewMesh(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -1,6 +1,7 @@
 // TCP transport: one full-duplex socket per pair of ranks (a full mesh), set up through the
-// store: every rank listens on the address net::chooseListenAddress picks, publishes
-// "ip:port", connects to every lower rank and accepts every higher one.
+// store: every rank listens on the address net::chooseListenAddress picks (IPv4 or IPv6), publishes
+// "ip:port" or "[ipv6]:port", connects to every lower rank (in the family that rank published) and
+// accepts every higher one.
 //
 // Sockets are non-blocking with TCP_NODELAY. A transfer first tries the syscall directly (the
 // common case for small messages costs one syscall) and falls back to poll() only when the
@@ -15,10 +16,9 @@
 // for the next, would otherwise only time out).
 #pragma once
 
+#include "cpu/transport/net_iface.hpp"
 #include "cpu/transport/transport.hpp"
 #include "rendezvous/store.hpp"
-
-#include <netinet/in.h>
 
 #include <atomic>
 #include <memory>
@@ -67,7 +67,7 @@ class TcpTransport final : public Transport {
   struct PendingHandshake;
   static std::string shareSecret(const MeshSetup& setup);
   static int openListener(MeshSetup& setup);
-  static int tryConnect(const MeshSetup& setup, int peer, const sockaddr_in& target, int* error);
+  static int tryConnect(const MeshSetup& setup, int peer, const net::Endpoint& target, int* error);
   [[noreturn]] static void throwImpostor(const MeshSetup& setup, int peer, const std::string& where,
                                          const std::string& why);
   static int connectToLowerRank(const MeshSetup& setup, int peer, const std::string& peerAddress);
@@ -108,7 +108,7 @@ class TcpTransport final : public Transport {
   const int rank_;
   const int size_;
   std::vector<int> fds_;               // fds_[peer]; -1 for self
-  std::vector<std::string> addresses_; // "ip:port" each rank listens on
+  std::vector<std::string> addresses_; // "ip:port" or "[ipv6]:port" each rank listens on
   std::atomic<bool> aborted_{false};
 
   // Fingerprint state: worker thread only (beginCollective and the transfers run there). The p2p
