@@ -392,12 +392,25 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "listen_address",
-      [] {
+      [](const std::string& storeHost) {
         std::string why;
-        std::string address = ddplite::net::chooseListenAddress(&why);
+        std::string address = ddplite::net::chooseListenAddress(&why, storeHost);
         return py::make_tuple(address, why);
       },
-      "(address, why): the local IPv4 address ranks listen on (DDPLITE_SOCKET_IFNAME, route, hostname).");
+      py::arg("store_host") = "",
+      "(address, why): the local address, IPv4 or IPv6, ranks listen on (DDPLITE_SOCKET_IFNAME, route to "
+      "MASTER_ADDR or to `store_host`, the TCPStore's host; hostname).");
+  m.def(
+      "parse_endpoint",
+      [](const std::string& hostPort) {
+        ddplite::net::Endpoint endpoint;
+        std::string problem;
+        if (!ddplite::net::parseEndpoint(hostPort, 0, &endpoint, &problem)) throw py::value_error(problem);
+        return ddplite::net::describeEndpoint(endpoint.get());
+      },
+      py::arg("host_port"),
+      "How a rank reads a published address ('10.0.0.1:80', '[fd00::1]:80', '[fe80::1%eth0]:80'): the "
+      "address as it prints it; ValueError with the problem for malformed text. For tests.");
   m.def("ifname_matches", &ddplite::net::ifnameMatches, py::arg("spec"), py::arg("ifname"),
         "Whether an interface name matches an NCCL-style DDPLITE_SOCKET_IFNAME spec.");
   m.def("exchange_ranks_over_new_mesh", &ddplite::exchangeRanksOverNewMesh, py::arg("store"), py::arg("rank"),

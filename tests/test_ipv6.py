@@ -392,3 +392,38 @@ def test_mixed_families_fail_clearly_on_every_rank(namespaces):
             assert "rank 0 published an IPv6 address" in message, message
         print(f"rank {rank}: {outcome['seconds']:.1f} s: {outcome['raised']}: {message}")
     assert network.pids() == []
+
+
+@pytest.mark.parametrize("text, printed", [
+    ("10.0.0.1:80", "10.0.0.1:80"),
+    ("[::1]:80", "[::1]:80"),
+    ("[fd00:231::1]:29500", "[fd00:231::1]:29500"),
+    ("[fe80::1%lo]:5", "[fe80::1%lo]:5"),  # a link-local address keeps its interface
+])
+def test_published_addresses_parse_back_to_themselves(text, printed):
+    import torch_ddp_lite
+
+    assert torch_ddp_lite._load_extension().parse_endpoint(text) == printed
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("[::1:80", "is not an address:port"),
+    ("::1:80", "is not an address:port"),  # IPv6 without brackets is ambiguous: refused
+    ("10.0.0.1", "is not an address:port"),
+    ("[fd00::1]:99999", "is not an address:port"),
+    ("[fe80::1%nosuch0]:5", "link-local address"),
+])
+def test_malformed_addresses_are_refused_with_the_problem(text, problem):
+    import torch_ddp_lite
+
+    with pytest.raises(ValueError, match=problem):
+        torch_ddp_lite._load_extension().parse_endpoint(text)
+
+
+def test_listen_address_follows_an_ipv6_store_host(monkeypatch):
+    import torch_ddp_lite
+
+    for name in ("MASTER_ADDR", "DDPLITE_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    address, why = torch_ddp_lite._load_extension().listen_address("::1")
+    assert address == "::1" and "::1" in why, (address, why)
