@@ -427,6 +427,15 @@ struct DepthGuard {
   DepthGuard() { ++collectiveDepth; }
   ~DepthGuard() { --collectiveDepth; }
 };
+
+// The Work of an op on `tensor` that starts now, on this thread (a send/recv posted at once, a
+// sparse all_reduce run in the call): its profiler span opens and its clock starts here.
+c10::intrusive_ptr<DdpliteWork> workStartedNow(const OpContext& ctx, OpType type, const at::Tensor& tensor, bool timed) {
+  auto work = c10::make_intrusive<DdpliteWork>(ctx, type, std::vector<at::Tensor>{tensor},
+                                               profilingArgs(type, ctx.op, {tensor}), timed);
+  work->markStarted();
+  return work;
+}
 }  // namespace
 
 template <typename Issue>
@@ -473,6 +482,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
                                                        std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
                                                        CpuBody body) {
   const bool inlineCandidate = mayRunInline(outputs);
+  const bool timed = timing_.load(std::memory_order_relaxed);
   c10::intrusive_ptr<DdpliteWork> work;
   OpRun run{timeout};
   auto task = [this](c10::intrusive_ptr<DdpliteWork> work, OpRun run, CpuBody body) {
@@ -490,11 +500,11 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
     if (recorder_) {
       run.trace = recorder_->record(TraceOp{frOpName(type, ctx.op), false, ctx.seq, p2pSeq_.load(), args.inputs,
                                             outputs, type == OpType::REDUCE_SCATTER, type == OpType::ALLGATHER,
-                                            cpuTransportName(), timeout, timing_.load(std::memory_order_relaxed)});
+                                            cpuTransportName(), timeout, timed});
     }
     if (detailChecks_ && size_ > 1) run.signature = signatureOf(ctx, args.compared, args.root, args.reduceOp);
     work = c10::make_intrusive<DdpliteWork>(ctx, type, std::move(outputs), profilingArgs(type, ctx.op, args.inputs),
-                                            timing_.load(std::memory_order_relaxed));
+                                            timed);
     run.refusedSeq = lastRefusedSeq_ != 0 && lastRefusedSeq_ + 1 == ctx.seq ? lastRefusedSeq_ : 0;
     if (!inlineCandidate || !worker_->tryClaimIdle()) {
       worker_->enqueue(task(work, std::move(run), std::move(body)));
@@ -768,10 +778,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::sparseAllreduce(const OpContext& 
     return output;
   };
   // Done before it is returned: its span and duration are those of the call (three all_gathers).
-  auto work = c10::make_intrusive<DdpliteWork>(ctx, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{tensor},
-                                               profilingArgs(c10d::OpType::ALLREDUCE, ctx.op, {tensor}),
-                                               timing_.load(std::memory_order_relaxed));
-  work->markStarted();
+  auto work = workStartedNow(ctx, OpType::ALLREDUCE, tensor, timing_.load(std::memory_order_relaxed));
   try {
     tensor.copy_(sparseAllreduceSum(ctx, tensor, size_, allgather));
   } catch (...) {
@@ -1103,10 +1110,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::send(std::vector<at::Tensor>& ten
     if (outermost) coalescing_.add(work);
     return work;
   }
-  auto work = c10::make_intrusive<DdpliteWork>(ctx, OpType::SEND, std::vector<at::Tensor>{tensor},
-                                               profilingArgs(OpType::SEND, ctx.op, {tensor}),
-                                               timing_.load(std::memory_order_relaxed));
-  work->markStarted();
+  auto work = workStartedNow(ctx, OpType::SEND, tensor, timing_.load(std::memory_order_relaxed));
   const FlightRecorder::Handle trace = recordP2p(ctx, OpType::SEND, tensor, dstRank);
   p2p_->send(dstRank, tag, tensor.contiguous(), Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
              [this, work, ctx, trace](std::exception_ptr error, int source) {
@@ -1229,10 +1233,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
     return work;
   }
   const OpType type = srcRank == cpu::P2pEngine::kAnySource ? OpType::RECVANYSOURCE : OpType::RECV;
-  auto work = c10::make_intrusive<DdpliteWork>(ctx, type, std::vector<at::Tensor>{tensor},
-                                               profilingArgs(type, ctx.op, {tensor}),
-                                               timing_.load(std::memory_order_relaxed));
-  work->markStarted();
+  auto work = workStartedNow(ctx, type, tensor, timing_.load(std::memory_order_relaxed));
   // The engine fills a contiguous tensor; a strided one gets its copy on the engine thread.
   at::Tensor landing = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
   const FlightRecorder::Handle trace = recordP2p(ctx, work->retrieveOpType(), tensor, srcRank);

@@ -189,8 +189,6 @@ bool readBefore(int fd, void* data, size_t bytes, Deadline deadline) {
   return transferBefore(fd, static_cast<char*>(data), bytes, /*sending=*/false, deadline);
 }
 
-std::string describeAddress(const net::Endpoint& address) { return net::describeEndpoint(address.get()); }
-
 uint16_t portOf(const sockaddr_storage& address) {
   return ntohs(address.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6&>(address).sin6_port
                                              : reinterpret_cast<const sockaddr_in&>(address).sin_port);
@@ -232,9 +230,8 @@ int pendingIovecs(char* header, size_t headerLeft, char* cursor, size_t left, io
 
 // When a rank cannot reach a peer's address of the other family: what each published, for the
 // error (a host without IPv6 cannot reach a rank that publishes only IPv6, and the other way round).
-std::string familyMismatch(int rank, const std::string& myAddress, int peer, const std::string& peerAddress,
+std::string familyMismatch(int rank, const std::string& myAddress, int mine, int peer, const std::string& peerAddress,
                            int peerFamily) {
-  const int mine = myAddress.empty() || myAddress[0] != '[' ? AF_INET : AF_INET6;
   if (peerFamily == mine) return "";
   return strCat("; rank ", peer, " published an ", net::familyName(peerFamily), " address (", peerAddress, ") and rank ",
                 rank, " an ", net::familyName(mine), " one (", myAddress, "): the ranks chose addresses of different "
@@ -428,7 +425,7 @@ int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoi
     *error = errno;
     return -1;
   }
-  const std::string where = describeAddress(target);
+  const std::string where = net::describeEndpoint(target.get());
   if (challenge.magic != kChallengeMagic) throwImpostor(setup, peer, where, "its first bytes are not a ddplite challenge");
   hello.nonce = auth::newNonce();
   hello.mac = helloMac(setup.secret, challenge.nonce, hello, peer);
@@ -463,7 +460,8 @@ int TcpTransport::connectToLowerRank(const MeshSetup& setup, int peer, const std
     int error = 0;
     const int fd = tryConnect(setup, peer, target, &error);
     if (fd >= 0) return fd;
-    const std::string mismatch = familyMismatch(setup.rank, setup.myAddress, peer, peerAddress, target.family());
+    const std::string mismatch = familyMismatch(setup.rank, setup.myAddress, net::literalFamily(setup.host), peer,
+                                                peerAddress, target.family());
     // The peer published the other family and this host has no address or route in it: retrying
     // cannot help, and the ranks waiting for this one quote the failure at once instead of at the deadline.
     const bool noRouteInThatFamily =
