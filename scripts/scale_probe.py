@@ -4,8 +4,9 @@ open descriptors per rank, ddplite against gloo, in one run with the backends in
     python scripts/scale_probe.py --ranks 8,16,32,64 [--backends ddplite,ddplite-tcp,gloo] [--json out.json]
 
 Each cell is the worst rank's: init_process_group over tcp:// plus a first all_reduce of 4 floats
-("init + first"), the median of 20 more ("small all_reduce"), and the process's threads and open
-fds right after them. All ranks run on this host, one process each (fork of a fresh interpreter
+("init + first"), the median of 20 more ("small all_reduce"), the process's threads and open
+fds right after them, destroy_process_group's own time ("destroy") and the time from its call to
+the end of the process ("exit", interpreter shutdown included). All ranks run on this host, one process each (fork of a fresh interpreter
 per rank: nothing is shared between them but the machine).
 """
 
@@ -16,6 +17,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 RANK_CODE = r"""
@@ -37,9 +39,11 @@ for _ in range(20):
 threads = len(os.listdir("/proc/self/task"))
 fds = len(os.listdir("/proc/self/fd"))
 dist.barrier()
-print(json.dumps({"rank": rank, "first_s": first, "small_ms": sorted(times)[len(times) // 2] * 1e3,
-                  "threads": threads, "fds": fds}), flush=True)
+destroy_at = time.time()
 dist.destroy_process_group()
+print(json.dumps({"rank": rank, "first_s": first, "small_ms": sorted(times)[len(times) // 2] * 1e3,
+                  "threads": threads, "fds": fds, "destroy_at": destroy_at,
+                  "destroy_s": time.time() - destroy_at}), flush=True)
 """
 
 
@@ -59,6 +63,15 @@ def run_job(backend, size, timeout_s):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for rank in range(size)]
     rows, errors = [], []
+    exited_at = {}
+
+    def stamp_exit(proc):
+        proc.wait()
+        exited_at[proc.pid] = time.time()
+
+    stampers = [threading.Thread(target=stamp_exit, args=(proc,), daemon=True) for proc in procs]
+    for stamper in stampers:
+        stamper.start()
     deadline = time.monotonic() + timeout_s
     for proc in procs:
         try:
@@ -72,9 +85,15 @@ def run_job(backend, size, timeout_s):
             errors.append(err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}")
         else:
             rows.append(json.loads(lines[-1]))
+            rows[-1]["pid"] = proc.pid
     if errors:
         return None, errors[0]
+    for stamper in stampers:
+        stamper.join()
     return {
+        # from the call of destroy_process_group to the end of the process (interpreter exit included)
+        "exit_after_destroy_s": max(exited_at[r["pid"]] - r["destroy_at"] for r in rows),
+        "destroy_s": max(r["destroy_s"] for r in rows),
         "first_s": max(r["first_s"] for r in rows),
         "small_ms": max(r["small_ms"] for r in rows),
         "small_ms_median_rank": statistics.median(r["small_ms"] for r in rows),
@@ -94,7 +113,8 @@ def main():
     sizes = [int(s) for s in args.ranks.split(",")]
     backends = args.backends.split(",")
     results = []
-    header = f"{'ranks':>5} {'backend':<12} {'init+first (s)':>14} {'small AR (ms)':>13} {'threads':>7} {'fds':>5}"
+    header = (f"{'ranks':>5} {'backend':<12} {'init+first (s)':>14} {'small AR (ms)':>13} {'threads':>7} {'fds':>5} "
+              f"{'destroy (s)':>11} {'exit (s)':>8}")
     print(header)
     for size in sizes:
         for backend in backends:  # interleaved: every backend at one size before the next size
@@ -104,7 +124,8 @@ def main():
                 print(f"{size:>5} {backend:<12} failed: {error}")
             else:
                 print(f"{size:>5} {backend:<12} {row['first_s']:>14.2f} {row['small_ms']:>13.3f} "
-                      f"{row['threads']:>7} {row['fds']:>5}", flush=True)
+                      f"{row['threads']:>7} {row['fds']:>5} {row['destroy_s']:>11.2f} "
+                      f"{row['exit_after_destroy_s']:>8.2f}", flush=True)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "rows": results}, handle, indent=1)
