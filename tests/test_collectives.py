@@ -26,11 +26,16 @@ def test_sweep_small_counts(collective, world_size):
 
 # Large counts at 1-4 ranks: segmentation and pipelining at odd and even sizes. 5 ranks (5
 # processes on 2 cores, about 5 minutes of CI for these alone) run the small counts above.
+# CI runs every collective at 2 ranks; 1, 3 and 4 ranks are `exhaustive` (scripts/test.sh --all).
 LARGE_COUNT_WORLD_SIZES = [size for size in WORLD_SIZES if size <= 4]
+LARGE_COUNT_IN_CI = 2
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size", LARGE_COUNT_WORLD_SIZES)
+@pytest.mark.parametrize("world_size", [
+    size if size == LARGE_COUNT_IN_CI else pytest.param(size, marks=pytest.mark.exhaustive)
+    for size in LARGE_COUNT_WORLD_SIZES
+])
 @pytest.mark.parametrize("collective", sorted(sweeps.SWEEPS))
 def test_sweep_large_count(collective, world_size):
     results = run_ranks(sweeps.SWEEPS[collective], world_size, sweeps.LARGE_COUNTS, timeout_s=900)

@@ -50,10 +50,11 @@ def test_sweep_on_shared_memory(collective, world_size):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.exhaustive)])
 def test_large_counts_on_shared_memory(world_size):
     """2^20+1 elements through the default 512 KiB chunk (many chunks, both buffers in turn);
-    4 ranks run the same code with smaller counts above (kept out of CI's time on 2 cores)."""
+    4 ranks run the same code with smaller counts above (kept out of CI's time on 2 cores), and
+    3 ranks are `exhaustive` (scripts/test.sh --all)."""
     env = {"DDPLITE_CPU_TRANSPORT": "shm"}
     for collective in ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"):
         results = run_ranks(sweeps.SWEEPS[collective], world_size, sweeps.LARGE_COUNTS,
