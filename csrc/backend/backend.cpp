@@ -10,11 +10,11 @@
 #include "cpu/reduce/reduce_kernels.hpp"
 #include "cpu/shm/channels.hpp"
 #include "cpu/shm/host_hierarchy.hpp"
-#include "cpu/transport/host_split.hpp"
 #include "cpu/transport/rank_view.hpp"
 #include "cpu/transport/tcp.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <c10/util/StringUtil.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -223,7 +223,7 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   const Deadline connectBy = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
   transport_ = TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "", env::fingerprintChecks());
   connectSharedMemory();
-  p2p_ = std::make_unique<cpu::P2pEngine>(connectPointToPoint(connectBy));
+  p2p_ = std::make_unique<cpu::P2pEngine>(rank, size, connectPointToPoint(connectBy));
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
                                       [this](std::chrono::milliseconds t) { return resolveTimeout(t); }, timing_});
   if (size > 1) arrivals_ = std::make_unique<ArrivalRecorder>(rendezvous_, rank, size);
@@ -305,26 +305,43 @@ void DdpliteBackend::connectHostHierarchy(const std::string& spansHosts) {
 // host), else over a TCP mesh of their own; in a group across hosts with a HostHierarchy, through
 // channels among the ranks of each host and that TCP mesh between hosts. A channel segment that
 // cannot be made falls back to TCP for every rank it would have joined (ShmSegment::create's
-// outcome is the same for all of them).
-std::unique_ptr<Transport> DdpliteBackend::connectPointToPoint(Deadline connectBy) {
+// outcome is the same for all of them). One P2pEngine pump per path.
+std::vector<std::unique_ptr<cpu::P2pLinks>> DdpliteBackend::connectPointToPoint(Deadline connectBy) {
+  std::vector<std::unique_ptr<cpu::P2pLinks>> paths;
+  std::vector<int> everyRank(static_cast<size_t>(size_));
+  std::iota(everyRank.begin(), everyRank.end(), 0);
   if (shm_) {
     std::string whyNot;
     StoreRendezvous channelKeys = rendezvous_.prefixed("p2p-shm/");
     if (auto channels = cpu::ShmChannels::create(channelKeys, *transport_, rank_, size_, &whyNot)) {
       p2pPath_ = "shared-memory channels";
-      return channels;
+      paths.push_back(cpu::shmLinks(std::move(channels), everyRank, /*liveness=*/nullptr));
+      return paths;
     }
     DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": send/recv go over TCP, their shared-memory channels could not "
                 "be set up: ", whyNot);
   }
   p2pPath_ = "TCP";
   auto mesh = TcpTransport::connectFullMesh(rendezvous_, rank_, size_, connectBy, "p2p/", /*checkFingerprints=*/false);
-  if (!hosts_ || !hosts_->local()) return mesh;
-  return splitByHost(std::move(mesh));
+  std::vector<int> remote = everyRank;
+  if (hosts_ && hosts_->local()) {
+    if (auto local = connectHostChannels()) {
+      const std::vector<int>& localRanks = hosts_->localRanks();
+      remote.erase(std::remove_if(remote.begin(), remote.end(),
+                                  [&](int r) {
+                                    return std::find(localRanks.begin(), localRanks.end(), r) != localRanks.end();
+                                  }),
+                   remote.end());
+      paths.push_back(std::move(local));
+    }
+  }
+  remote.erase(std::remove(remote.begin(), remote.end(), rank_), remote.end());
+  if (!remote.empty()) paths.push_back(cpu::socketLinks(std::move(mesh), remote));
+  return paths;
 }
 
-// `mesh` for the peers on other hosts, channels among the ranks of this host for the others.
-std::unique_ptr<Transport> DdpliteBackend::splitByHost(std::unique_ptr<Transport> mesh) {
+// Channels among the ranks of this host, in a group across hosts; null when they cannot be made.
+std::unique_ptr<cpu::P2pLinks> DdpliteBackend::connectHostChannels() {
   const std::vector<int>& localRanks = hosts_->localRanks();
   auto liveness = std::make_unique<RankView>(*transport_, localRanks);
   StoreRendezvous channelKeys = rendezvous_.prefixed(strCat("p2p-shm/host/", localRanks.front(), "/"));
@@ -334,10 +351,10 @@ std::unique_ptr<Transport> DdpliteBackend::splitByHost(std::unique_ptr<Transport
   if (!channels) {
     DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": send/recv to the ranks of this host go over TCP, their "
                 "shared-memory channels could not be set up: ", whyNot);
-    return mesh;
+    return nullptr;
   }
   p2pPath_ = "shared-memory channels within each host, TCP between hosts";
-  return std::make_unique<HostSplitTransport>(std::move(liveness), std::move(channels), localRanks, std::move(mesh));
+  return cpu::shmLinks(std::move(channels), localRanks, std::move(liveness));
 }
 
 void DdpliteBackend::connectMpi(bool mpiTransport) {

@@ -249,8 +249,8 @@ class DdpliteBackend final : public c10d::Backend {
   void connectMpi(bool mpiTransport);
   void connectSharedMemory();
   void connectHostHierarchy(const std::string& spansHosts);
-  std::unique_ptr<Transport> connectPointToPoint(Deadline connectBy);
-  std::unique_ptr<Transport> splitByHost(std::unique_ptr<Transport> mesh);
+  std::vector<std::unique_ptr<cpu::P2pLinks>> connectPointToPoint(Deadline connectBy);
+  std::unique_ptr<cpu::P2pLinks> connectHostChannels();
 
   StoreRendezvous rendezvous_;
   std::vector<int> globalRanks_;  // global rank of each rank of this group; written once in the constructor

@@ -1,9 +1,9 @@
 #include "cpu/p2p_engine.hpp"
 
 #include "common/errors.hpp"
-#include "common/logging.hpp"
 #include "common/thread_name.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace ddplite::cpu {
@@ -12,16 +12,18 @@ namespace {
 
 constexpr uint32_t kMessageMagic = 0x64703270;  // "dp2p"
 constexpr Deadline kNoDeadline = Deadline::max();
-
-struct MessageHeader {
-  uint32_t magic;
-  int32_t tag;
-  uint64_t bytes;
-};
+// A payload up to this size goes out in one piece with its header (one copy, one system call or
+// ring push); a larger one straight from the tensor after it.
+constexpr size_t kStagedPayloadBytes = 4096;
+constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
 
 template <typename... Args>
 std::exception_ptr transportError(TransportError::Kind kind, int peer, const Args&... what) {
   return std::make_exception_ptr(TransportError(kind, peer, strCat(what...)));
+}
+
+std::exception_ptr abortedError(int peer) {
+  return transportError(TransportError::Kind::kAborted, peer, "the group was aborted");
 }
 
 bool matches(int wantedPeer, int wantedTag, int peer, int tag) {
@@ -30,18 +32,24 @@ bool matches(int wantedPeer, int wantedTag, int peer, int tag) {
 
 }  // namespace
 
-P2pEngine::P2pEngine(std::unique_ptr<Transport> transport)
-    : transport_(std::move(transport)),
-      rank_(transport_->rank()),
-      size_(transport_->size()),
-      sends_(size_),
-      gone_(size_),
-      sendBroken_(size_) {
-  nameThread(threads_.emplace_back([this] { timerLoop(); }), "ddplite-timer");
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
-    nameThread(threads_.emplace_back([this, peer] { sendLoop(peer); }), "tx", peer);
-    nameThread(threads_.emplace_back([this, peer] { receiveLoop(peer); }), "rx", peer);
+P2pEngine::P2pEngine(int rank, int size, std::vector<std::unique_ptr<P2pLinks>> paths)
+    : rank_(rank), size_(size), peers_(static_cast<size_t>(size)), pumpOf_(static_cast<size_t>(size), -1) {
+  pumps_.reserve(paths.size());  // the pumps hold references into pumps_: no reallocation after this
+  for (auto& links : paths) {
+    if (!links || links->peers().empty()) continue;
+    for (int peer : links->peers()) {
+      DDPLITE_ENFORCE(peer >= 0 && peer < size && peer != rank && pumpOf_[static_cast<size_t>(peer)] == -1,
+                      "rank ", peer, " is on two point-to-point paths, or is not a peer of rank ", rank);
+      pumpOf_[static_cast<size_t>(peer)] = static_cast<int>(pumps_.size());
+    }
+    pumps_.push_back(Pump{std::move(links), std::thread()});
+  }
+  for (int peer = 0; peer < size; ++peer) {
+    DDPLITE_ENFORCE(peer == rank || pumpOf_[static_cast<size_t>(peer)] >= 0, "no point-to-point path to rank ", peer);
+  }
+  for (Pump& pump : pumps_) {
+    pump.thread = std::thread([this, &pump] { pumpLoop(pump); });
+    nameThread(pump.thread, strCat("ddplite-p2p-", pump.links->kind()).c_str());
   }
 }
 
@@ -51,21 +59,38 @@ P2pEngine::~P2pEngine() {
 
 void P2pEngine::stop() {
   abort();
-  for (auto& thread : threads_) {
-    if (thread.joinable()) thread.join();
+  for (Pump& pump : pumps_) {
+    if (pump.thread.joinable()) pump.thread.join();
   }
 }
 
+void P2pEngine::wakePumpOf(int peer) {
+  if (peer == kAnySource) {
+    for (Pump& pump : pumps_) pump.links->wake();
+  } else {
+    pumps_[static_cast<size_t>(pumpOf_[static_cast<size_t>(peer)])].links->wake();
+  }
+}
+
+std::string P2pEngine::describePeer(int peer) const {
+  if (peer < 0 || peer >= size_ || peer == rank_) return strCat("rank ", peer);
+  return pumps_[static_cast<size_t>(pumpOf_[static_cast<size_t>(peer)])].links->describePeer(peer);
+}
+
 void P2pEngine::send(int peer, int tag, at::Tensor data, Deadline deadline, Completion done) {
+  bool queued = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!stopping_) {
-      sends_[peer].push_back(PendingSend{tag, std::move(data), deadline, std::move(done)});
-      wake_.notify_all();
-      return;
+      peers_[static_cast<size_t>(peer)].queue.push_back(PendingSend{tag, std::move(data), deadline, std::move(done)});
+      queued = true;
     }
   }
-  done(transportError(TransportError::Kind::kAborted, peer, "the group was aborted"), rank_);
+  if (!queued) {
+    done(abortedError(peer), rank_);
+    return;
+  }
+  wakePumpOf(peer);
 }
 
 void P2pEngine::recv(int peer, int tag, at::Tensor into, Deadline deadline, Completion done) {
@@ -82,15 +107,16 @@ void P2pEngine::recv(int peer, int tag, at::Tensor into, Deadline deadline, Comp
   }
   std::exception_ptr failure;
   if (stopping_) {
-    failure = transportError(TransportError::Kind::kAborted, peer, "the group was aborted");
-  } else if (peer != kAnySource && gone_[peer]) {
-    failure = gone_[peer];
+    failure = abortedError(peer);
+  } else if (peer != kAnySource && peers_[static_cast<size_t>(peer)].gone) {
+    failure = peers_[static_cast<size_t>(peer)].gone;
   } else if (peer == kAnySource && everyPeerGoneLocked()) {
     failure = transportError(TransportError::Kind::kPeerClosed, -1, "every other rank has closed its connection");
   }
   if (!failure) {
     posted_.push_back(PostedRecv{peer, tag, std::move(into), deadline, std::move(done)});
-    wake_.notify_all();
+    lock.unlock();
+    wakePumpOf(peer);  // its pump now has a deadline to keep and a peer to watch
     return;
   }
   lock.unlock();
@@ -105,114 +131,288 @@ void P2pEngine::abort() {
     stopping_ = true;
     pending.swap(posted_);
   }
-  transport_->abort();  // fails the sends in progress and wakes the receivers
-  wake_.notify_all();
-  for (auto& posted : pending) {
-    posted.done(transportError(TransportError::Kind::kAborted, posted.peer, "the group was aborted"), posted.peer);
-  }
+  for (Pump& pump : pumps_) pump.links->abort();  // the peers see this rank gone; the pumps wake
+  for (auto& posted : pending) posted.done(abortedError(posted.peer), posted.peer);
 }
 
-void P2pEngine::sendLoop(int peer) {
-  while (true) {
-    PendingSend item;
-    std::exception_ptr broken;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !sends_[peer].empty(); });
-      if (sends_[peer].empty()) return;  // stopping, nothing left to fail
-      item = std::move(sends_[peer].front());
-      sends_[peer].pop_front();
-      broken = stopping_ ? transportError(TransportError::Kind::kAborted, peer, "the group was aborted")
-                         : sendBroken_[peer];
-    }
-    if (broken) {
-      item.done(broken, rank_);
+void P2pEngine::pumpLoop(Pump& pump) {
+  P2pLinks& links = *pump.links;
+  std::vector<int> sending;
+  const auto stopping = [this] {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stopping_;
+  };
+  while (!stopping()) {
+    if (pass(pump)) continue;
+    const Deadline until = std::min(expirePostedRecvs(), checkPeersWithWork(pump, &sending));
+    // armWait, look once more, sleep: see p2p_links.hpp
+    links.armWait();
+    if (pass(pump) || stopping()) {
+      links.disarm();
       continue;
     }
-    try {
-      const MessageHeader header{kMessageMagic, item.tag, item.data.nbytes()};
-      transport_->send(peer, &header, sizeof(header), item.deadline);
-      transport_->send(peer, item.data.data_ptr(), item.data.nbytes(), item.deadline);
-    } catch (const TransportError&) {
-      // A message cut short leaves the stream unreadable: later sends to this peer fail too.
-      broken = std::current_exception();
-      std::lock_guard<std::mutex> lock(mutex_);
-      sendBroken_[peer] = broken;
-    }
-    item.done(broken, rank_);
+    links.wait(sending, until);
   }
+  failRemaining(pump);
 }
 
-void P2pEngine::receiveLoop(int peer) {
-  while (true) {
-    MessageHeader header{};
-    PostedRecv match;
-    bool matched = false;
-    try {
-      transport_->recv(peer, &header, sizeof(header), kNoDeadline);
-      if (header.magic != kMessageMagic) {
-        throw TransportError(TransportError::Kind::kIo, peer,
-                             strCat("corrupt message header from ", transport_->describePeer(peer)));
+bool P2pEngine::pass(Pump& pump) {
+  bool moved = false;
+  for (int peer : pump.links->peers()) {
+    moved |= progressSend(*pump.links, peer);
+    moved |= progressRecv(*pump.links, peer);
+  }
+  return moved;
+}
+
+bool P2pEngine::progressSend(P2pLinks& links, int peer) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  if (!p.sending) {
+    std::optional<PendingSend> next;
+    std::exception_ptr failure;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (p.queue.empty()) return false;
+      next.emplace(std::move(p.queue.front()));
+      p.queue.pop_front();
+      failure = stopping_ ? abortedError(peer) : p.sendBroken;
+    }
+    if (failure) {
+      next->done(failure, rank_);
+      return true;
+    }
+    const size_t bytes = next->data.nbytes();
+    const MessageHeader header{kMessageMagic, next->tag, bytes};
+    p.payloadStaged = bytes <= kStagedPayloadBytes;
+    p.staged.resize(sizeof(header) + (p.payloadStaged ? bytes : 0));
+    std::memcpy(p.staged.data(), &header, sizeof(header));
+    if (p.payloadStaged && bytes > 0) std::memcpy(p.staged.data() + sizeof(header), next->data.data_ptr(), bytes);
+    p.stagedDone = 0;
+    p.payloadDone = 0;
+    p.sending = std::move(next);
+  }
+  bool moved = false;
+  try {
+    while (p.stagedDone < p.staged.size()) {
+      const size_t n = links.trySend(peer, p.staged.data() + p.stagedDone, p.staged.size() - p.stagedDone);
+      if (n == 0) return moved;
+      p.stagedDone += n;
+      moved = true;
+    }
+    const size_t bytes = p.payloadStaged ? 0 : p.sending->data.nbytes();
+    const char* data = p.payloadStaged ? nullptr : static_cast<const char*>(p.sending->data.data_ptr());
+    while (p.payloadDone < bytes) {
+      const size_t n = links.trySend(peer, data + p.payloadDone, bytes - p.payloadDone);
+      if (n == 0) return moved;
+      p.payloadDone += n;
+      moved = true;
+    }
+  } catch (const TransportError&) {
+    const std::exception_ptr reason = std::current_exception();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      p.sendBroken = reason;  // a message cut short leaves the stream unreadable: later sends fail too
+    }
+    PendingSend failed = std::move(*p.sending);
+    p.sending.reset();
+    failed.done(reason, rank_);
+    return true;
+  }
+  PendingSend finished = std::move(*p.sending);
+  p.sending.reset();
+  finished.done(nullptr, rank_);
+  return true;
+}
+
+bool P2pEngine::progressRecv(P2pLinks& links, int peer) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  if (!p.receiving) return false;
+  bool moved = false;
+  try {
+    if (!p.haveHeader) {
+      char* header = reinterpret_cast<char*>(&p.header);
+      while (p.headerDone < sizeof(p.header)) {
+        const size_t n = links.tryRecv(peer, header + p.headerDone, sizeof(p.header) - p.headerDone);
+        if (n == 0) return moved;
+        p.headerDone += n;
+        moved = true;
       }
+      if (p.header.magic != kMessageMagic) {
+        throw TransportError(TransportError::Kind::kIo, peer, strCat("corrupt message header from ", describePeer(peer)));
+      }
+      p.haveHeader = true;
+      p.payloadGot = 0;
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        matched = takePosted(peer, header.tag, &match);
+        p.matched = takePosted(peer, p.header.tag, &p.match);
       }
-      if (matched && match.into.nbytes() == header.bytes) {
-        transport_->recv(peer, match.into.data_ptr(), header.bytes, kNoDeadline);
-        match.done(nullptr, peer);
-        continue;
+      if (p.matched && p.match.into.nbytes() == p.header.bytes) {
+        p.target = static_cast<char*>(p.match.into.data_ptr());
+      } else {
+        p.payload.assign(p.header.bytes, 0);
+        p.target = p.payload.data();
       }
-      std::vector<char> payload(header.bytes);
-      transport_->recv(peer, payload.data(), header.bytes, kNoDeadline);
-      if (!matched) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        matched = takePosted(peer, header.tag, &match);  // a recv may have been posted meanwhile
-        if (!matched) {
-          unexpected_.push_back(Unexpected{peer, header.tag, std::move(payload)});
-          continue;
-        }
-      }
-      deliver(match, payload, peer);
-    } catch (const TransportError&) {
-      std::exception_ptr reason = std::current_exception();
-      if (matched) match.done(reason, peer);
-      peerGone(peer, reason);
+    }
+    while (p.payloadGot < p.header.bytes) {
+      const size_t n = links.tryRecv(peer, p.target + p.payloadGot, p.header.bytes - p.payloadGot);
+      if (n == 0) return moved;
+      p.payloadGot += n;
+      moved = true;
+    }
+  } catch (const TransportError&) {
+    const std::exception_ptr reason = std::current_exception();
+    p.receiving = false;
+    if (p.haveHeader && p.matched) {
+      PostedRecv cut = std::move(p.match);
+      p.matched = false;
+      cut.done(reason, peer);
+    }
+    peerGone(peer, reason);
+    return true;
+  }
+  finishMessage(peer);
+  return true;
+}
+
+void P2pEngine::finishMessage(int peer) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  const bool intoTensor = p.matched && p.target != p.payload.data();
+  bool matched = p.matched;
+  PostedRecv match = std::move(p.match);
+  std::vector<char> payload = std::move(p.payload);
+  const int tag = p.header.tag;
+  p.header = MessageHeader{};
+  p.headerDone = 0;
+  p.haveHeader = false;
+  p.matched = false;
+  p.match = PostedRecv{};
+  p.payload.clear();
+  p.target = nullptr;
+  p.payloadGot = 0;
+  if (intoTensor) {
+    match.done(nullptr, peer);
+    return;
+  }
+  if (!matched) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    matched = takePosted(peer, tag, &match);  // a recv may have been posted meanwhile
+    if (!matched) {
+      unexpected_.push_back(Unexpected{peer, tag, std::move(payload)});
       return;
     }
   }
+  deliver(match, payload, peer);
 }
 
-void P2pEngine::timerLoop() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stopping_) {
-    Deadline earliest = kNoDeadline;
-    for (const auto& posted : posted_) earliest = std::min(earliest, posted.deadline);
-    if (earliest == kNoDeadline) {
-      wake_.wait(lock);
-    } else {
-      wake_.wait_until(lock, earliest);
-    }
-    std::vector<PostedRecv> expired;
+Deadline P2pEngine::expirePostedRecvs() {
+  std::vector<PostedRecv> expired;
+  Deadline earliest = kNoDeadline;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
     const Deadline now = Clock::now();
     for (auto it = posted_.begin(); it != posted_.end();) {
       if (it->deadline <= now) {
         expired.push_back(std::move(*it));
         it = posted_.erase(it);
       } else {
+        earliest = std::min(earliest, it->deadline);
         ++it;
       }
     }
-    if (expired.empty()) continue;
-    lock.unlock();
-    for (auto& posted : expired) {
-      const std::string from =
-          posted.peer == kAnySource ? std::string("any rank") : transport_->describePeer(posted.peer);
-      posted.done(transportError(TransportError::Kind::kTimeout, posted.peer, "Timed out waiting for a message from ",
-                                 from, " with tag ", posted.tag),
-                  posted.peer);
+  }
+  for (auto& posted : expired) {
+    const std::string from = posted.peer == kAnySource ? std::string("any rank") : describePeer(posted.peer);
+    posted.done(transportError(TransportError::Kind::kTimeout, posted.peer, "Timed out waiting for a message from ",
+                               from, " with tag ", posted.tag),
+                posted.peer);
+  }
+  return earliest;
+}
+
+Deadline P2pEngine::checkPeersWithWork(Pump& pump, std::vector<int>* sending) {
+  P2pLinks& links = *pump.links;
+  sending->clear();
+  std::vector<int> withWork;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<char> awaited(static_cast<size_t>(size_), 0);
+    bool anySource = false;
+    for (const auto& posted : posted_) {
+      if (posted.peer == kAnySource) {
+        anySource = true;
+      } else {
+        awaited[static_cast<size_t>(posted.peer)] = 1;
+      }
     }
-    lock.lock();
+    for (int peer : links.peers()) {
+      const Peer& p = peers_[static_cast<size_t>(peer)];
+      const bool receiving = p.receiving && (anySource || awaited[static_cast<size_t>(peer)] || p.headerDone > 0);
+      if (receiving || p.sending || !p.queue.empty()) withWork.push_back(peer);
+    }
+  }
+  Deadline until = kNoDeadline;
+  const Deadline now = Clock::now();
+  for (int peer : withWork) {
+    Peer& p = peers_[static_cast<size_t>(peer)];
+    if (p.sending && now >= p.sending->deadline) {
+      const size_t left = p.staged.size() - p.stagedDone + (p.payloadStaged ? 0 : p.sending->data.nbytes() - p.payloadDone);
+      const std::exception_ptr reason =
+          transportError(TransportError::Kind::kTimeout, peer, "Timed out waiting to send to ", describePeer(peer), " (",
+                         left, " bytes of the message still to go)");
+      if (p.stagedDone > 0) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        p.sendBroken = reason;  // part of it went out
+      }
+      PendingSend failed = std::move(*p.sending);
+      p.sending.reset();
+      failed.done(reason, rank_);
+    }
+    if (p.sending) {
+      sending->push_back(peer);
+      until = std::min(until, p.sending->deadline);
+    }
+    if (!p.receiving) continue;
+    try {
+      links.checkAlive(peer);
+    } catch (const TransportError&) {
+      const std::exception_ptr reason = std::current_exception();
+      p.receiving = false;
+      if (p.haveHeader && p.matched) {
+        PostedRecv cut = std::move(p.match);
+        p.matched = false;
+        cut.done(reason, peer);
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        p.sendBroken = reason;  // nothing sent to it from now on would be read
+      }
+      peerGone(peer, reason);
+    }
+  }
+  // A peer that is gone without a word (killed) is seen by the next look at its liveness.
+  if (!withWork.empty()) until = std::min(until, now + kLivenessInterval);
+  return until;
+}
+
+void P2pEngine::failRemaining(Pump& pump) {
+  for (int peer : pump.links->peers()) {
+    Peer& p = peers_[static_cast<size_t>(peer)];
+    std::deque<PendingSend> queued;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queued.swap(p.queue);
+    }
+    if (p.sending) {
+      PendingSend cut = std::move(*p.sending);
+      p.sending.reset();
+      cut.done(abortedError(peer), rank_);
+    }
+    for (auto& item : queued) item.done(abortedError(peer), rank_);
+    if (p.haveHeader && p.matched) {
+      PostedRecv cut = std::move(p.match);
+      p.matched = false;
+      cut.done(abortedError(peer), peer);
+    }
   }
 }
 
@@ -231,7 +431,7 @@ void P2pEngine::peerGone(int peer, std::exception_ptr reason) {
   std::vector<PostedRecv> failed;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    gone_[peer] = reason;
+    peers_[static_cast<size_t>(peer)].gone = reason;
     const bool allGone = everyPeerGoneLocked();
     for (auto it = posted_.begin(); it != posted_.end();) {
       if (it->peer == peer || (it->peer == kAnySource && allGone)) {
@@ -247,7 +447,7 @@ void P2pEngine::peerGone(int peer, std::exception_ptr reason) {
 
 bool P2pEngine::everyPeerGoneLocked() const {
   for (int peer = 0; peer < size_; ++peer) {
-    if (peer != rank_ && !gone_[peer]) return false;
+    if (peer != rank_ && !peers_[static_cast<size_t>(peer)].gone) return false;
   }
   return true;
 }

@@ -20,9 +20,6 @@ constexpr size_t kAlignment = 64;
 constexpr size_t kRingBudget = size_t{16} << 20;  // all rings of a group together, before the bounds below
 constexpr size_t kMinRingBytes = size_t{16} << 10;
 constexpr size_t kMaxRingBytes = size_t{256} << 10;
-constexpr auto kSpin = std::chrono::microseconds(50);
-constexpr auto kSleepSlice = std::chrono::milliseconds(20);
-constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
 
 size_t ringBytesFor(int size) {
   const size_t rings = static_cast<size_t>(size) * static_cast<size_t>(size);
@@ -49,22 +46,20 @@ int openPidfd(uint32_t pid) {
 
 }  // namespace
 
+// The first line is written by the owner only (at set-up, and `closed` by its abort()); the
+// second by any rank that rings the owner's doorbell, and `sleeping` by the owner's pump.
 struct alignas(kAlignment) ShmChannels::RankState {
-  std::atomic<uint32_t> closed;  // 1 once the rank's abort() ran (seq_cst store, then wake-ups)
+  std::atomic<uint32_t> closed;  // 1 once the rank's abort() ran (seq_cst store, then doorbells)
   uint32_t pid;                  // written once at set-up, before the store exchange
   uint64_t pidNamespace;         // likewise; see pidNamespace()
+  alignas(kAlignment) std::atomic<uint32_t> doorbell;  // the pump's futex word: a count, bumped by ring()
+  std::atomic<uint32_t> sleeping;                      // 1 while the pump is armed (armWait .. disarm)
 };
 
-// One direction between two ranks. The producer writes `head`, `headWord` and the data; the
-// consumer writes `tail` and `tailWord`; each sleeper count is incremented by the side that
-// sleeps and read by the side that wakes.
+// One direction between two ranks: the producer writes `head` and the data, the consumer `tail`.
 struct alignas(kAlignment) ShmChannels::Ring {
-  std::atomic<uint64_t> head;               // bytes ever written
-  std::atomic<uint32_t> headWord;           // bumped after every head store: the consumer's futex word
-  std::atomic<uint32_t> consumerSleepers;
+  std::atomic<uint64_t> head;                      // bytes ever written
   alignas(kAlignment) std::atomic<uint64_t> tail;  // bytes ever read
-  std::atomic<uint32_t> tailWord;           // bumped after every tail store: the producer's futex word
-  std::atomic<uint32_t> producerSleepers;
 };
 
 std::unique_ptr<ShmChannels> ShmChannels::create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
@@ -103,12 +98,7 @@ ShmChannels::ShmChannels(std::unique_ptr<ShmSegment> segment, Transport& livenes
       rank_(rank),
       size_(size),
       ringBytes_(ringBytes),
-      // the P2pEngine runs a sender and a receiver thread per peer in every rank: spin only when
-      // all of them (2 P (P-1)) have a CPU each, else a spinner takes the core a copier needs
-      // (measured: 2 ranks on 2 CPUs, spinning made 16 MB messages 2x slower)
-      spin_(2 * size * (size - 1) <= usableCpus() ? kSpin : std::chrono::microseconds(0)),
-      pidfds_(static_cast<size_t>(size), -1),
-      nextSendCheck_(static_cast<size_t>(size)) {}
+      pidfds_(static_cast<size_t>(size), -1) {}
 
 ShmChannels::~ShmChannels() {
   abort();
@@ -121,7 +111,7 @@ ShmChannels::RankState& ShmChannels::state(int owner) const {
   return reinterpret_cast<RankState*>(segment_->base())[owner];
 }
 
-ShmChannels::Ring& ShmChannels::ring(int from, int to) const {
+ShmChannels::Ring& ShmChannels::ringOf(int from, int to) const {
   char* rings = segment_->base() + roundUp(sizeof(RankState) * size_, kAlignment);
   return reinterpret_cast<Ring*>(rings)[static_cast<size_t>(from) * size_ + to];
 }
@@ -133,9 +123,11 @@ char* ShmChannels::ringData(int from, int to) const {
 }
 
 size_t ShmChannels::pushSome(int peer, const char* data, size_t bytes) {
-  Ring& r = ring(rank_, peer);
+  Ring& r = ringOf(rank_, peer);
   const uint64_t head = r.head.load(std::memory_order_relaxed);  // this thread's own count
-  const uint64_t tail = r.tail.load(std::memory_order_acquire);  // the consumer is done with bytes before it
+  // seq_cst (acquire would do for the bytes): the pump's look after armWait must be ordered
+  // with the consumer's tail store and its load of `sleeping` (header)
+  const uint64_t tail = r.tail.load(std::memory_order_seq_cst);  // the consumer is done with bytes before it
   const size_t n = std::min<size_t>(bytes, ringBytes_ - static_cast<size_t>(head - tail));
   if (n == 0) return 0;
   char* base = ringData(rank_, peer);
@@ -143,16 +135,16 @@ size_t ShmChannels::pushSome(int peer, const char* data, size_t bytes) {
   const size_t first = std::min(n, ringBytes_ - at);
   std::memcpy(base + at, data, first);
   std::memcpy(base, data + first, n - first);
-  r.head.store(head + n, std::memory_order_seq_cst);
-  r.headWord.fetch_add(1, std::memory_order_seq_cst);
-  if (r.consumerSleepers.load(std::memory_order_seq_cst) > 0) futexWakeAll(&r.headWord);
+  r.head.store(head + n, std::memory_order_seq_cst);  // then `sleeping` in ring(): see the header
+  ring(peer);
   return n;
 }
 
 size_t ShmChannels::pullSome(int peer, char* data, size_t bytes) {
-  Ring& r = ring(peer, rank_);
+  Ring& r = ringOf(peer, rank_);
   const uint64_t tail = r.tail.load(std::memory_order_relaxed);  // this thread's own count
-  const uint64_t head = r.head.load(std::memory_order_acquire);  // the bytes before it are written
+  // seq_cst, for the same reason as pushSome's tail; it also acquires the bytes before head
+  const uint64_t head = r.head.load(std::memory_order_seq_cst);
   const size_t n = std::min<size_t>(bytes, static_cast<size_t>(head - tail));
   if (n == 0) return 0;
   const char* base = ringData(peer, rank_);
@@ -160,117 +152,31 @@ size_t ShmChannels::pullSome(int peer, char* data, size_t bytes) {
   const size_t first = std::min(n, ringBytes_ - at);
   std::memcpy(data, base + at, first);
   std::memcpy(data + first, base, n - first);
-  r.tail.store(tail + n, std::memory_order_seq_cst);
-  r.tailWord.fetch_add(1, std::memory_order_seq_cst);
-  if (r.producerSleepers.load(std::memory_order_seq_cst) > 0) futexWakeAll(&r.tailWord);
+  r.tail.store(tail + n, std::memory_order_seq_cst);  // then `sleeping` in ring(): the producer may wait for room
+  ring(peer);
   return n;
 }
 
-void ShmChannels::waitFor(int peer, Side side, Deadline deadline) {
-  const bool producing = side == Side::kProducer;
-  Ring& r = producing ? ring(rank_, peer) : ring(peer, rank_);
-  // seq_cst loads: the re-check after announcing a sleeper must be ordered with the peer's
-  // store-then-check (see the header).
-  const auto ready = [&] {
-    const uint64_t used = r.head.load(std::memory_order_seq_cst) - r.tail.load(std::memory_order_seq_cst);
-    return producing ? used < ringBytes_ : used > 0;
-  };
-  const auto spinUntil = Clock::now() + spin_;
-  while (Clock::now() < spinUntil) {
-    if (ready()) return;
-    cpuRelax();
-  }
-  std::atomic<uint32_t>& word = producing ? r.tailWord : r.headWord;
-  std::atomic<uint32_t>& sleepers = producing ? r.producerSleepers : r.consumerSleepers;
-  auto nextLivenessCheck = Clock::now();
-  const char* doing = producing ? "make room for a message" : "send a message";
-  while (true) {
-    if (aborted_.load(std::memory_order_acquire)) {
-      throw TransportError(TransportError::Kind::kAborted, peer, "abort() was called on this rank");
-    }
-    if (ready()) return;
-    const auto now = Clock::now();
-    if (now >= deadline) {
-      throw TransportError(TransportError::Kind::kTimeout, peer,
-                           strCat("Timed out waiting for ", describePeer(peer), " to ", doing,
-                                  " through shared memory"));
-    }
-    bool gone = state(peer).closed.load(std::memory_order_seq_cst) != 0;
-    if (!gone && now >= nextLivenessCheck) {
-      gone = peerGone(peer);
-      nextLivenessCheck = now + kLivenessInterval;
-    }
-    if (gone) {
-      if (ready()) return;  // a receiver drains what the peer sent before it left
-      throwPeerGone(peer, doing);
-    }
-    sleepers.fetch_add(1, std::memory_order_seq_cst);
-    const uint32_t seen = word.load(std::memory_order_seq_cst);
-    if (!ready()) futexWait(&word, seen, std::min<std::chrono::nanoseconds>(kSleepSlice, deadline - now));
-    sleepers.fetch_sub(1, std::memory_order_seq_cst);
-  }
+void ShmChannels::ring(int owner) const {
+  RankState& theirs = state(owner);
+  if (theirs.sleeping.load(std::memory_order_seq_cst) == 0) return;
+  theirs.doorbell.fetch_add(1, std::memory_order_seq_cst);
+  futexWakeAll(&theirs.doorbell);
 }
 
-void ShmChannels::send(int peer, const void* data, size_t bytes, Deadline deadline) {
-  const char* from = static_cast<const char*>(data);
-  // Checked before every message, not only when the ring is full: a message that fits would
-  // otherwise be "sent" to a peer that is already dead. The `closed` flag every time; the
-  // process (a poll system call) at most every kLivenessInterval per peer.
-  if (state(peer).closed.load(std::memory_order_seq_cst) != 0) throwPeerGone(peer, "receive");
-  Clock::time_point& nextCheck = nextSendCheck_[static_cast<size_t>(peer)];
-  if (const auto now = Clock::now(); now >= nextCheck) {
-    nextCheck = now + kLivenessInterval;
-    if (peerGone(peer)) throwPeerGone(peer, "receive");
-  }
-  while (bytes > 0) {
-    const size_t n = pushSome(peer, from, bytes);
-    from += n;
-    bytes -= n;
-    if (bytes > 0) waitFor(peer, Side::kProducer, deadline);
-  }
+void ShmChannels::armWait() {
+  RankState& mine = state(rank_);
+  mine.sleeping.store(1, std::memory_order_seq_cst);
+  ticket_ = mine.doorbell.load(std::memory_order_seq_cst);
 }
 
-void ShmChannels::recv(int peer, void* data, size_t bytes, Deadline deadline) {
-  char* into = static_cast<char*>(data);
-  while (bytes > 0) {
-    const size_t n = pullSome(peer, into, bytes);
-    into += n;
-    bytes -= n;
-    if (bytes > 0) waitFor(peer, Side::kConsumer, deadline);
-  }
+void ShmChannels::waitDoorbell(std::chrono::nanoseconds timeout) {
+  if (timeout.count() > 0) futexWait(&state(rank_).doorbell, ticket_, timeout);
+  disarm();
 }
 
-// Progresses both directions in turn (a ring in each direction: neither side can block the
-// other). Not on the P2pEngine's path (it sends and receives on threads of their own).
-void ShmChannels::sendRecv(int sendPeer, const void* sendData, size_t sendBytes, int recvPeer, void* recvData,
-                           size_t recvBytes, Deadline deadline) {
-  const char* from = static_cast<const char*>(sendData);
-  char* into = static_cast<char*>(recvData);
-  while (sendBytes > 0 || recvBytes > 0) {
-    const size_t sent = sendBytes > 0 ? pushSome(sendPeer, from, sendBytes) : 0;
-    const size_t got = recvBytes > 0 ? pullSome(recvPeer, into, recvBytes) : 0;
-    from += sent;
-    sendBytes -= sent;
-    into += got;
-    recvBytes -= got;
-    if (sent > 0 || got > 0) continue;
-    if (aborted_.load(std::memory_order_acquire)) {
-      throw TransportError(TransportError::Kind::kAborted, -1, "abort() was called on this rank");
-    }
-    if (Clock::now() >= deadline) {
-      throw TransportError(TransportError::Kind::kTimeout, recvBytes > 0 ? recvPeer : sendPeer,
-                           "Timed out in a send and receive through shared memory");
-    }
-    if (sendBytes > 0 && peerGone(sendPeer)) throwPeerGone(sendPeer, "make room for a message");
-    if (recvBytes > 0 && peerGone(recvPeer)) {
-      const size_t drained = pullSome(recvPeer, into, recvBytes);  // what it sent before it left
-      if (drained == 0) throwPeerGone(recvPeer, "send a message");
-      into += drained;
-      recvBytes -= drained;
-      continue;
-    }
-    std::this_thread::yield();
-  }
+void ShmChannels::disarm() {
+  state(rank_).sleeping.store(0, std::memory_order_seq_cst);
 }
 
 bool ShmChannels::peerGone(int peer) {
@@ -285,14 +191,13 @@ bool ShmChannels::peerGone(int peer) {
   return liveness_.peerHungUp(peer);
 }
 
-bool ShmChannels::peerHungUp(int peer) {
-  return peerGone(peer);
+bool ShmChannels::peerClosed(int peer) const {
+  return state(peer).closed.load(std::memory_order_seq_cst) != 0;
 }
 
-void ShmChannels::throwPeerGone(int peer, const char* doing) const {
-  throw TransportError(TransportError::Kind::kPeerClosed, peer,
-                       strCat(describePeer(peer), " closed its point-to-point channels (it exited, crashed or destroyed "
-                              "its group) while this rank waited for it to ", doing));
+size_t ShmChannels::unread(int peer) const {
+  const Ring& r = ringOf(peer, rank_);
+  return static_cast<size_t>(r.head.load(std::memory_order_seq_cst) - r.tail.load(std::memory_order_relaxed));
 }
 
 std::string ShmChannels::describePeer(int peer) const {
@@ -303,17 +208,13 @@ std::string ShmChannels::describePeer(int peer) const {
 
 void ShmChannels::abort() {
   if (aborted_.exchange(true)) return;
-  state(rank_).closed.store(1, std::memory_order_seq_cst);
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
-    for (Ring* r : {&ring(rank_, peer), &ring(peer, rank_)}) {
-      // Bumped, not only woken: a waiter that read its word just before `closed`/`aborted_` were
-      // set would otherwise sleep on an unchanged value for a whole slice.
-      r->headWord.fetch_add(1, std::memory_order_seq_cst);
-      r->tailWord.fetch_add(1, std::memory_order_seq_cst);
-      futexWakeAll(&r->headWord);
-      futexWakeAll(&r->tailWord);
-    }
+  state(rank_).closed.store(1, std::memory_order_seq_cst);  // then the doorbells: see the header
+  for (int owner = 0; owner < size_; ++owner) {
+    // Bumped whether or not the pump sleeps: one that armed just before `closed` was set would
+    // otherwise wait on an unchanged value (its next look finds the flag).
+    RankState& theirs = state(owner);
+    theirs.doorbell.fetch_add(1, std::memory_order_seq_cst);
+    futexWakeAll(&theirs.doorbell);
   }
 }
 

@@ -3,7 +3,7 @@
 // leaders over the group's TCP mesh. allreduce_hierarchical.cpp and broadcast_hierarchical.cpp
 // run all_reduce and broadcast on it; every other collective of such a group runs over TCP
 // among all ranks, as before. Its send/recv go
-// through channels among each host's ranks (backend: HostSplitTransport).
+// through channels among each host's ranks (backend: connectHostChannels).
 //
 // Threading: like ShmGroup (the thread that runs the group's collectives; abort() from any).
 #pragma once

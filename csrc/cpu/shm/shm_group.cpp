@@ -61,11 +61,27 @@ struct alignas(kAlignment) ShmGroup::RankControl {
   // from another process changes no flag.
   std::atomic<uint32_t> wakeups;
 };
+
+// Where waiters for every peer at once sleep (waitForAll), one per flag kind, each on a cache line
+// of its own at the start of the segment. `sleepers`: how many such waiters of any process are
+// blocked or about to block; `release`: their futex word, bumped (seq_cst) by a rank that stores
+// the flag, finds sleepers and sees every rank at its step (publish), and by abort() and
+// breakGroup(). So a step wakes each waiter once, when the last rank arrives, instead of once per
+// peer it waited for in turn: with more ranks than cores that was P wake-ups per rank per step.
+struct alignas(kAlignment) ShmGroup::GroupWake {
+  std::atomic<uint32_t> sleepers;
+  std::atomic<uint32_t> release;
+};
+
+size_t ShmGroup::groupWakeBytes() {
+  return roundUp(sizeof(GroupWake) * kFlagKinds, kAlignment);
+}
+
 std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
                                            size_t chunkBytes, std::string* whyNot, bool* spansHosts,
                                            std::vector<int> processGroupRanks) {
   chunkBytes = roundUp(chunkBytes, kAlignment);
-  const size_t bytes = roundUp(sizeof(RankControl) * size, kAlignment) + 2 * chunkBytes * size;
+  const size_t bytes = groupWakeBytes() + roundUp(sizeof(RankControl) * size, kAlignment) + 2 * chunkBytes * size;
   if (chunkBytes > kMaxChunkBytes) {  // env.cpp caps the knob; this keeps the size arithmetic exact
     *whyNot = strCat("a chunk of ", chunkBytes, " bytes is over the ", kMaxChunkBytes, "-byte limit");
     return nullptr;
@@ -105,7 +121,11 @@ ShmGroup::ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int
 ShmGroup::~ShmGroup() = default;
 
 ShmGroup::RankControl& ShmGroup::control(int owner) const {
-  return reinterpret_cast<RankControl*>(segment_->base())[owner];
+  return reinterpret_cast<RankControl*>(segment_->base() + groupWakeBytes())[owner];
+}
+
+ShmGroup::GroupWake& ShmGroup::groupWake(Flag which) const {
+  return reinterpret_cast<GroupWake*>(segment_->base())[static_cast<int>(which)];
 }
 
 std::atomic<uint32_t>& ShmGroup::flag(int owner, Flag which) const {
@@ -113,7 +133,7 @@ std::atomic<uint32_t>& ShmGroup::flag(int owner, Flag which) const {
 }
 
 char* ShmGroup::buffer(int owner, uint32_t step) const {
-  const size_t controls = roundUp(sizeof(RankControl) * size_, kAlignment);
+  const size_t controls = groupWakeBytes() + roundUp(sizeof(RankControl) * size_, kAlignment);
   return segment_->base() + controls + (static_cast<size_t>(owner) * 2 + (step & 1)) * chunkBytes_;
 }
 
@@ -129,9 +149,7 @@ void ShmGroup::beginCollective(const Fingerprint& fingerprint, uint64_t refusedS
 uint32_t ShmGroup::beginStep(Deadline deadline) {
   settleDeferredCheck(deadline);
   const uint32_t step = ++step_;
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer != rank_) waitFor(peer, Flag::kConsumed, step - 2, deadline);
-  }
+  waitForAll(Flag::kConsumed, step - 2, deadline);
   return step;
 }
 
@@ -139,6 +157,21 @@ void ShmGroup::publish(Flag which, uint32_t step) {
   RankControl& mine = control(rank_);
   mine.flags[static_cast<int>(which)].store(step, std::memory_order_seq_cst);
   if (mine.sleepers.load(std::memory_order_seq_cst) > 0) wake(mine);
+  // The store above, then `sleepers`, then every rank's flag, all seq_cst: of the ranks that
+  // store this step after a waiter counted itself, the last one in that order sees every flag at
+  // the step and the waiter's count, so it bumps `release` after the waiter's ticket (waitForAll).
+  GroupWake& group = groupWake(which);
+  if (group.sleepers.load(std::memory_order_seq_cst) > 0 && everyRankReached(which, step)) {
+    group.release.fetch_add(1, std::memory_order_seq_cst);
+    futexWakeAll(&group.release);
+  }
+}
+
+bool ShmGroup::everyRankReached(Flag which, uint32_t step) const {
+  for (int owner = 0; owner < size_; ++owner) {
+    if (!reached(flag(owner, which).load(std::memory_order_seq_cst), step)) return false;
+  }
+  return true;
 }
 
 void ShmGroup::wake(RankControl& owner) {
@@ -176,8 +209,9 @@ void ShmGroup::waitPosted(int peer, uint32_t step, uint64_t stepBytes, Deadline 
 }
 
 void ShmGroup::waitAllPosted(uint32_t step, uint64_t stepBytes, Deadline deadline) {
+  waitForAll(Flag::kPosted, step, deadline);
   for (int peer = 0; peer < size_; ++peer) {
-    if (peer != rank_) waitPosted(peer, step, stepBytes, deadline);
+    if (peer != rank_) waitPosted(peer, step, stepBytes, deadline);  // reached: checks the header only
   }
 }
 
@@ -219,13 +253,23 @@ void ShmGroup::settleDeferredCheck(Deadline deadline) {
 }
 
 void ShmGroup::waitAllReduced(uint32_t step, Deadline deadline) {
+  waitForAll(Flag::kReduced, step, deadline);
+}
+
+void ShmGroup::waitForAll(Flag which, uint32_t target, Deadline deadline) {
   for (int peer = 0; peer < size_; ++peer) {
-    if (peer != rank_) waitFor(peer, Flag::kReduced, step, deadline);
+    if (peer == rank_) continue;
+    waitUntilReached(peer, which, target, deadline, &groupWake(which));
+    checkNotRefusedOverTcp(peer);
   }
 }
 
 void ShmGroup::waitFor(int peer, Flag which, uint32_t target, Deadline deadline) {
-  waitUntilReached(peer, which, target, deadline);
+  waitUntilReached(peer, which, target, deadline, nullptr);
+  checkNotRefusedOverTcp(peer);
+}
+
+void ShmGroup::checkNotRefusedOverTcp(int peer) const {
   if (refusedSeq_ == 0) return;
   // Right after a refusal: a peer that ran the refused op over TCP announced it before it
   // published this flag (release, then the flag's seq_cst store; acquired above).
@@ -235,7 +279,7 @@ void ShmGroup::waitFor(int peer, Flag which, uint32_t target, Deadline deadline)
   }
 }
 
-void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline deadline) {
+void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline deadline, GroupWake* group) {
   std::atomic<uint32_t>& word = flag(peer, which);
   // seq_cst: see checkAllPostedLater (free on x86, where every load is one).
   if (reached(word.load(std::memory_order_seq_cst), target)) return;
@@ -266,13 +310,17 @@ void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline 
     // `wakeups` if it found any; abort() and breakGroup() store their flag, then bump. Either the
     // look below sees the store, or the bump comes after the ticket and the futex does not sleep
     // (or is woken): no wake-up is lost, so an abort is seen at once, not after a slice.
-    theirs.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    const uint32_t ticket = theirs.wakeups.load(std::memory_order_seq_cst);
+    // A waiter for every peer (`group`) sleeps on the group's word instead, woken once the last
+    // rank has stored the flag (publish): the same protocol on `release`.
+    std::atomic<uint32_t>& sleepers = group ? group->sleepers : theirs.sleepers;
+    std::atomic<uint32_t>& wakeWord = group ? group->release : theirs.wakeups;
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t ticket = wakeWord.load(std::memory_order_seq_cst);
     const bool stop = aborted_.load(std::memory_order_seq_cst) || brokenBy() >= 0;
     if (!stop && !reached(word.load(std::memory_order_seq_cst), target)) {
-      futexWait(&theirs.wakeups, ticket, std::min<std::chrono::nanoseconds>(kSleepSlice, deadline - now));
+      futexWait(&wakeWord, ticket, std::min<std::chrono::nanoseconds>(kSleepSlice, deadline - now));
     }
-    theirs.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (reached(word.load(std::memory_order_acquire), target)) return;
     throwIfStopped(peer);
   }
@@ -386,6 +434,11 @@ void ShmGroup::wakeEveryRank() {
   // Bumped, not only woken: see waitUntilReached. Waiters of other processes wake too, look at
   // every rank's `broken` and go back to sleep when it is not set.
   for (int owner = 0; owner < size_; ++owner) wake(control(owner));
+  for (int which = 0; which < kFlagKinds; ++which) {
+    GroupWake& group = groupWake(static_cast<Flag>(which));
+    group.release.fetch_add(1, std::memory_order_seq_cst);
+    futexWakeAll(&group.release);
+  }
 }
 
 std::string ShmGroup::describePeer(int peer) const {

@@ -1,7 +1,8 @@
 // The shared-memory state of one process group whose ranks share a host, and the step protocol
 // the shared-memory algorithms (shm_algorithms.hpp) are written against.
 //
-// Layout of the segment (segment.hpp): one RankControl per rank (its own cache lines), then per
+// Layout of the segment (segment.hpp): three GroupWake lines (shm_group.cpp), one RankControl per
+// rank (its own cache lines), then per
 // rank two slot buffers of chunkBytes() each. Only the owner writes its control block and its
 // buffers' contents (except the in-place reduction of its own slice, also by the owner).
 //
@@ -32,7 +33,10 @@
 // process has CPUs), then futex-wait in slices of at most
 // 20 ms; between slices check the deadline, abort() and, every 100 ms, the peer's TCP
 // connection (a rank that died closed it), so a crash is reported within about 0.1 s and a rank
-// that never arrives at the op's timeout, as on the TCP path.
+// that never arrives at the op's timeout, as on the TCP path. A wait for one peer sleeps on that
+// peer's wake word; a wait for every peer (waitAllPosted, waitAllReduced, beginStep) sleeps on
+// the group's word for that flag, which only the last rank to arrive bumps: one wake-up per
+// waiter per step, however many ranks share the cores (GroupWake in shm_group.cpp).
 //
 // Threading: everything but abort() on the thread that runs the group's collectives: the worker
 // thread, or a caller running a small op itself (Worker::tryClaimIdle: never two at once, and the
@@ -129,17 +133,30 @@ class ShmGroup {
 
  private:
   struct RankControl;
+  struct GroupWake;
   enum class Flag { kPosted, kReduced, kConsumed };
+  static constexpr int kFlagKinds = 3;
+  static size_t groupWakeBytes();  // the GroupWake lines at the start of the segment
+  GroupWake& groupWake(Flag which) const;
 
   ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int rank, int size, size_t chunkBytes);
   RankControl& control(int owner) const;
   std::atomic<uint32_t>& flag(int owner, Flag which) const;
+  // Stores this rank's flag and wakes who waits for it: waiters for this rank alone, and, when
+  // every rank has now reached `step`, waiters for the whole group.
   void publish(Flag which, uint32_t step);
+  bool everyRankReached(Flag which, uint32_t step) const;
   // Waits until `peer`'s `which` flag reaches `target` (waitUntilReached: spin, then futex
   // slices with the deadline, abort, liveness and path checks); right after a refusal, also
   // checks that the peer did not run the refused op over TCP.
   void waitFor(int peer, Flag which, uint32_t target, Deadline deadline);
-  void waitUntilReached(int peer, Flag which, uint32_t target, Deadline deadline);
+  // waitFor for every peer, sleeping on the group's word for `which` (one wake-up, when the last
+  // rank arrives).
+  void waitForAll(Flag which, uint32_t target, Deadline deadline);
+  // `group` null: sleep on `peer`'s own wake word; else on the group's word for `which`.
+  void waitUntilReached(int peer, Flag which, uint32_t target, Deadline deadline, GroupWake* group);
+  // Right after a refusal: throws kMismatch when `peer` ran the refused op over TCP.
+  void checkNotRefusedOverTcp(int peer) const;
   [[noreturn]] void throwTimeout(int peer, Flag which, uint32_t target) const;
   // The first other rank whose `broken` is set; -1 when none.
   int brokenBy() const;

@@ -652,6 +652,29 @@ bool TcpTransport::peekWaitingHeader(int peer, WireHeader* header) {
   return n == static_cast<ssize_t>(sizeof(*header));
 }
 
+size_t TcpTransport::sendSome(int peer, const void* data, size_t bytes) {
+  while (true) {
+    const ssize_t n = ::send(fds_[peer], data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) return static_cast<size_t>(n);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    if (aborted_) throw TransportError(TransportError::Kind::kAborted, peer, "the group was aborted");
+    throwIoError(peer, "send", errno);
+  }
+}
+
+size_t TcpTransport::recvSome(int peer, void* data, size_t bytes) {
+  if (bytes == 0) return 0;  // recv() of nothing would read as the end of the stream
+  while (true) {
+    const ssize_t n = ::recv(fds_[peer], data, bytes, MSG_DONTWAIT);
+    if (n > 0) return static_cast<size_t>(n);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    if (aborted_) throw TransportError(TransportError::Kind::kAborted, peer, "the group was aborted");
+    throwIoError(peer, "recv", n == 0 ? 0 : errno);
+  }
+}
+
 void TcpTransport::abort() {
   if (aborted_.exchange(true)) return;
   // shutdown() wakes a poll blocked in the worker thread; the fds are closed in the destructor,

@@ -57,6 +57,14 @@ class TcpTransport final : public Transport {
   bool peekWaitingHeader(int peer, WireHeader* header) override;
   void abort() override;
 
+  // For a progress thread that drives an unarmed mesh itself (the P2pEngine's socket links):
+  // `peer`'s socket (non-blocking), to poll on; and moves of what the kernel takes or holds now,
+  // at most `bytes`, returning how many (0: none now). They throw TransportError kPeerClosed at
+  // the end of the stream or a reset, kAborted after abort(), kIo on any other error.
+  int socketOf(int peer) const { return fds_.at(static_cast<size_t>(peer)); }
+  size_t sendSome(int peer, const void* data, size_t bytes);
+  size_t recvSome(int peer, void* data, size_t bytes);
+
  private:
   TcpTransport(int rank, int size, bool checkFingerprints);
 
