@@ -4,10 +4,12 @@ open descriptors per rank, ddplite against gloo, in one run with the backends in
     python scripts/scale_probe.py --ranks 8,16,32,64 [--backends ddplite,ddplite-tcp,gloo] [--json out.json]
 
 Each cell is the worst rank's: init_process_group over tcp:// plus a first all_reduce of 4 floats
-("init + first"), the median of 20 more ("small all_reduce"), the process's threads and open
-fds right after them, destroy_process_group's own time ("destroy") and the time from its call to
-the end of the process ("exit", interpreter shutdown included). All ranks run on this host, one process each (fork of a fresh interpreter
-per rank: nothing is shared between them but the machine).
+("init + first"), the median of 20 more ("small all_reduce"), the process's threads and open fds
+right after them, destroy_process_group's own time ("destroy") and the time from its call to the
+end of the process ("exit", interpreter shutdown included); and the mean over ranks of the
+voluntary context switches per small all_reduce ("switches/op", every thread of the process).
+All ranks run on this host, one process each (a fresh interpreter per rank: nothing is shared
+between them but the machine).
 """
 
 import argparse
@@ -21,7 +23,7 @@ import threading
 import time
 
 RANK_CODE = r"""
-import os, sys, time, json
+import os, sys, time, json, resource
 import torch, torch.distributed as dist
 backend, url, rank, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 if backend.startswith("ddplite"):
@@ -32,17 +34,20 @@ tensor = torch.ones(4)
 dist.all_reduce(tensor)
 first = time.perf_counter() - start
 times = []
+usage = resource.getrusage(resource.RUSAGE_SELF)
 for _ in range(20):
     t0 = time.perf_counter()
     dist.all_reduce(tensor)
     times.append(time.perf_counter() - t0)
+after = resource.getrusage(resource.RUSAGE_SELF)
+switches = (after.ru_nvcsw - usage.ru_nvcsw) / 20  # voluntary context switches per all_reduce, all threads
 threads = len(os.listdir("/proc/self/task"))
 fds = len(os.listdir("/proc/self/fd"))
 dist.barrier()
 destroy_at = time.time()
 dist.destroy_process_group()
 print(json.dumps({"rank": rank, "first_s": first, "small_ms": sorted(times)[len(times) // 2] * 1e3,
-                  "threads": threads, "fds": fds, "destroy_at": destroy_at,
+                  "switches": switches, "threads": threads, "fds": fds, "destroy_at": destroy_at,
                   "destroy_s": time.time() - destroy_at}), flush=True)
 """
 
@@ -97,6 +102,7 @@ def run_job(backend, size, timeout_s):
         "first_s": max(r["first_s"] for r in rows),
         "small_ms": max(r["small_ms"] for r in rows),
         "small_ms_median_rank": statistics.median(r["small_ms"] for r in rows),
+        "switches_per_op": statistics.mean(r["switches"] for r in rows),
         "threads": max(r["threads"] for r in rows),
         "fds": max(r["fds"] for r in rows),
     }, None
@@ -114,7 +120,7 @@ def main():
     backends = args.backends.split(",")
     results = []
     header = (f"{'ranks':>5} {'backend':<12} {'init+first (s)':>14} {'small AR (ms)':>13} {'threads':>7} {'fds':>5} "
-              f"{'destroy (s)':>11} {'exit (s)':>8}")
+              f"{'destroy (s)':>11} {'exit (s)':>8} {'switches/op':>11}")
     print(header)
     for size in sizes:
         for backend in backends:  # interleaved: every backend at one size before the next size
@@ -125,7 +131,7 @@ def main():
             else:
                 print(f"{size:>5} {backend:<12} {row['first_s']:>14.2f} {row['small_ms']:>13.3f} "
                       f"{row['threads']:>7} {row['fds']:>5} {row['destroy_s']:>11.2f} "
-                      f"{row['exit_after_destroy_s']:>8.2f}", flush=True)
+                      f"{row['exit_after_destroy_s']:>8.2f} {row['switches_per_op']:>11.1f}", flush=True)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "rows": results}, handle, indent=1)

@@ -193,6 +193,23 @@ def p2p_through_channels(rank, world_size, sizes):
     return {"path": torch_ddp_lite._load_extension().group_p2p_path(backend), "failures": failures}
 
 
+def killed_while_peer_sends(rank, world_size):
+    """Rank 1 kill -9s itself; rank 0 then sends it 8 MB, 32 of its 256 KiB rings (group timeout
+    60 s): the send must fail when the pump sees the process gone, not at the timeout."""
+    tensor = torch.ones(10)
+    if rank == 1:
+        dist.recv(tensor, src=0)
+        os.kill(os.getpid(), 9)
+    dist.send(tensor, dst=1)
+    time.sleep(0.6)  # rank 1 is dead by now; nothing told this rank
+    start = time.monotonic()
+    try:
+        dist.send(torch.ones(2 * 2 ** 20), dst=1)
+        return {"type": None}
+    except Exception as error:  # noqa: BLE001
+        return {"type": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}
+
+
 def killed_while_peer_receives(rank, world_size):
     """Rank 1 kill -9s itself while rank 0 waits in a recv from it (group timeout 60 s)."""
     tensor = torch.ones(1000)

@@ -95,6 +95,16 @@ def test_rank_killed_while_its_peer_receives_is_reported_within_seconds():
     assert outcome["seconds"] < 5.0, outcome
 
 
+def test_send_to_a_killed_rank_fails_within_seconds_not_at_the_timeout():
+    """The pump has a send for the dead rank that does not fit its ring: it looks at the peer's
+    process every 100 ms and fails the send with an error naming it (group timeout 60 s)."""
+    results = run_ranks(shm_workers.killed_while_peer_sends, 2, pg_timeout_s=60, timeout_s=120, may_exit={1})
+    outcome = results[0]
+    assert outcome["type"] == "DistBackendError", outcome
+    assert "rank 1" in outcome["message"] and "closed its point-to-point channels" in outcome["message"], outcome
+    assert outcome["seconds"] < 5.0, outcome
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_the_group_says_it_uses_shared_memory_and_unlinked_its_segment(world_size):
     results = run_ranks(shm_workers.transport_name, world_size, env=SHM)

@@ -1,5 +1,5 @@
 // Names for ddplite's threads, so that top -H, ps -L, gdb and py-spy tell them apart:
-// "ddplite-worker", "ddplite-tx-<peer>", ... (the list: docs/observability.md "Threads").
+// "ddplite-worker", "ddplite-p2p-shm", ... (the list: docs/observability.md "Threads").
 #pragma once
 
 #include <pthread.h>
@@ -18,11 +18,5 @@ inline void nameThread(std::thread& thread, const char* name) {
   ::pthread_setname_np(thread.native_handle(), cut);
 }
 
-// "ddplite-<role>-<n>", e.g. ddplite-tx-12 for the thread that sends to peer 12.
-inline void nameThread(std::thread& thread, const char* role, int n) {
-  char name[16];
-  std::snprintf(name, sizeof(name), "ddplite-%s-%d", role, n);
-  ::pthread_setname_np(thread.native_handle(), name);
-}
 
 }  // namespace ddplite

@@ -1,6 +1,7 @@
 #include "cpu/p2p_engine.hpp"
 
 #include "common/errors.hpp"
+#include "common/logging.hpp"
 #include "common/thread_name.hpp"
 
 #include <algorithm>
@@ -59,6 +60,9 @@ P2pEngine::~P2pEngine() {
 
 void P2pEngine::stop() {
   abort();
+  // Again here (idempotent): when another thread's abort() is still going through the pumps,
+  // every pump is woken before it is joined.
+  for (Pump& pump : pumps_) pump.links->abort();
   for (Pump& pump : pumps_) {
     if (pump.thread.joinable()) pump.thread.join();
   }
@@ -142,16 +146,24 @@ void P2pEngine::pumpLoop(Pump& pump) {
     std::lock_guard<std::mutex> lock(mutex_);
     return stopping_;
   };
-  while (!stopping()) {
-    if (pass(pump)) continue;
-    const Deadline until = std::min(expirePostedRecvs(), checkPeersWithWork(pump, &sending));
-    // armWait, look once more, sleep: see p2p_links.hpp
-    links.armWait();
-    if (pass(pump) || stopping()) {
-      links.disarm();
-      continue;
+  try {
+    while (!stopping()) {
+      if (pass(pump)) continue;
+      // Armed before the deadlines are read: a recv posted or a send queued from now on rings the
+      // doorbell after the ticket, so its deadline and its peer are not slept through.
+      links.armWait();
+      const Deadline until = std::min(expirePostedRecvs(), checkPeersWithWork(pump, &sending));
+      if (pass(pump) || stopping()) {  // the look after arming (p2p_links.hpp)
+        links.disarm();
+        continue;
+      }
+      links.wait(sending, until);
     }
-    links.wait(sending, until);
+  } catch (const std::exception& error) {
+    // Not a peer's failure (those are handled per peer): a completion that threw, or memory.
+    DDPLITE_LOG(kWarn, "rank ", rank_, ": the point-to-point pump stopped: ", error.what());
+    links.disarm();
+    abort();
   }
   failRemaining(pump);
 }
@@ -249,7 +261,12 @@ bool P2pEngine::progressRecv(P2pLinks& links, int peer) {
       if (p.matched && p.match.into.nbytes() == p.header.bytes) {
         p.target = static_cast<char*>(p.match.into.data_ptr());
       } else {
-        p.payload.assign(p.header.bytes, 0);
+        try {
+          p.payload.assign(p.header.bytes, 0);
+        } catch (const std::bad_alloc&) {
+          throw TransportError(TransportError::Kind::kIo, peer,
+                               strCat("no memory for a message of ", p.header.bytes, " bytes from ", describePeer(peer)));
+        }
         p.target = p.payload.data();
       }
     }
@@ -260,22 +277,38 @@ bool P2pEngine::progressRecv(P2pLinks& links, int peer) {
       moved = true;
     }
   } catch (const TransportError&) {
-    const std::exception_ptr reason = std::current_exception();
-    p.receiving = false;
-    if (p.haveHeader && p.matched) {
-      PostedRecv cut = std::move(p.match);
-      p.matched = false;
-      cut.done(reason, peer);
-    }
-    peerGone(peer, reason);
+    peerLost(links, peer, std::current_exception());
     return true;
   }
   finishMessage(peer);
   return true;
 }
 
+void P2pEngine::peerLost(P2pLinks& links, int peer, std::exception_ptr reason) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  p.receiving = false;
+  links.stopReceiving(peer);
+  if (p.haveHeader && p.matched) {
+    PostedRecv cut = std::move(p.match);
+    p.matched = false;
+    cut.done(reason, peer);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    p.sendBroken = reason;  // nothing sent to it from now on would be read
+  }
+  if (p.sending) {
+    PendingSend cut = std::move(*p.sending);
+    p.sending.reset();
+    cut.done(reason, rank_);
+  }
+  peerGone(peer, reason);
+}
+
 void P2pEngine::finishMessage(int peer) {
   Peer& p = peers_[static_cast<size_t>(peer)];
+  const bool discard = p.discard;
+  p.discard = false;
   const bool intoTensor = p.matched && p.target != p.payload.data();
   bool matched = p.matched;
   PostedRecv match = std::move(p.match);
@@ -289,6 +322,7 @@ void P2pEngine::finishMessage(int peer) {
   p.payload.clear();
   p.target = nullptr;
   p.payloadGot = 0;
+  if (discard) return;  // its recv has failed already
   if (intoTensor) {
     match.done(nullptr, peer);
     return;
@@ -371,27 +405,37 @@ Deadline P2pEngine::checkPeersWithWork(Pump& pump, std::vector<int>* sending) {
       sending->push_back(peer);
       until = std::min(until, p.sending->deadline);
     }
+    if (p.haveHeader && p.matched && now >= p.match.deadline) expireMatchedRecv(peer);
+    if (p.haveHeader && p.matched) until = std::min(until, p.match.deadline);
     if (!p.receiving) continue;
     try {
       links.checkAlive(peer);
     } catch (const TransportError&) {
-      const std::exception_ptr reason = std::current_exception();
-      p.receiving = false;
-      if (p.haveHeader && p.matched) {
-        PostedRecv cut = std::move(p.match);
-        p.matched = false;
-        cut.done(reason, peer);
-      }
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        p.sendBroken = reason;  // nothing sent to it from now on would be read
-      }
-      peerGone(peer, reason);
+      peerLost(links, peer, std::current_exception());
     }
   }
   // A peer that is gone without a word (killed) is seen by the next look at its liveness.
   if (!withWork.empty()) until = std::min(until, now + kLivenessInterval);
   return until;
+}
+
+void P2pEngine::expireMatchedRecv(int peer) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  // The rest of the message is still read, into `payload` (the stream stays in step), and dropped;
+  // the tensor is not written after its recv has failed.
+  const size_t got = p.payloadGot;
+  const bool intoTensor = p.target != p.payload.data();
+  PostedRecv cut = std::move(p.match);
+  p.matched = false;
+  p.discard = true;
+  if (intoTensor) {
+    p.payload.assign(p.header.bytes, 0);
+    p.target = p.payload.data();
+  }
+  cut.done(transportError(TransportError::Kind::kTimeout, peer, "Timed out receiving a message from ",
+                          describePeer(peer), " with tag ", cut.tag, " (", p.header.bytes - got,
+                          " of its bytes still to come)"),
+           peer);
 }
 
 void P2pEngine::failRemaining(Pump& pump) {

@@ -104,6 +104,7 @@ class P2pEngine {
     std::vector<char> payload;  // when no posted recv of its length took it
     char* target = nullptr;
     size_t payloadGot = 0;
+    bool discard = false;   // its recv timed out part-way: read the rest into `payload`, then drop it
     bool receiving = true;  // false once `gone`
   };
   struct Pump {
@@ -122,8 +123,13 @@ class P2pEngine {
   Deadline expirePostedRecvs();
   // Liveness checks for peers of `pump` with work; when to wake at the latest; who waits for room.
   Deadline checkPeersWithWork(Pump& pump, std::vector<int>* sending);
+  // `peer`'s stream failed (or the peer is gone): fails the recv and the send in progress with it,
+  // and every later one (peerGone; sendBroken).
+  void peerLost(P2pLinks& links, int peer, std::exception_ptr reason);
   // Ends receiving from `peer`: later recvs that only it could satisfy fail with `reason`.
   void peerGone(int peer, std::exception_ptr reason);
+  // Fails the recv that a message from `peer` is being read into, at its deadline.
+  void expireMatchedRecv(int peer);
   // On stop: fails what `pump`'s peers still had queued or in progress.
   void failRemaining(Pump& pump);
   bool everyPeerGoneLocked() const;

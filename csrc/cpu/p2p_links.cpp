@@ -64,8 +64,9 @@ class ShmLinks final : public P2pLinks {
     const auto now = Clock::now();
     if (now < next) return;
     next = now + kLivenessInterval;
-    if (channels_->peerGone(index) && channels_->unread(index) == 0) throwGone(peer, "send a message");
+    if (channels_->peerGone(index) && channels_->unread(index) == 0) throwGone(peer, "exchange messages");
   }
+  void stopReceiving(int) override {}  // a ring wakes the pump only when its producer moves
 
   void armWait() override { channels_->armWait(); }
   void wait(const std::vector<int>&, Deadline until) override { channels_->waitDoorbell(timeUntil(until)); }
@@ -121,6 +122,7 @@ class SocketLinks final : public P2pLinks {
 
   // A peer that exits closes its socket, which the next tryRecv reads as the end of the stream.
   void checkAlive(int) override {}
+  void stopReceiving(int peer) override { ended_[static_cast<size_t>(peer)] = 1; }
 
   void armWait() override {}  // the eventfd keeps a wake() made before wait() until wait() reads it
   void wait(const std::vector<int>& sending, Deadline until) override {

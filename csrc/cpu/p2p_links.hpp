@@ -41,6 +41,8 @@ class P2pLinks {
   // left to read; at most one system call, made at most every 100 ms per peer. For a peer the
   // pump has work for (a posted recv, a send) while nothing moves.
   virtual void checkAlive(int peer) = 0;
+  // The engine reads nothing more from `peer` (its stream ended or broke): stop watching it.
+  virtual void stopReceiving(int peer) = 0;
 
   virtual void armWait() = 0;
   // Sleeps until something may have moved, wake(), abort() or `until`. `sending`: peers with
