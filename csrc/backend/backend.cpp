@@ -94,10 +94,10 @@ void agreeOnGroupWideKnobs(StoreRendezvous& rendezvous, int rank, int size) {
   const auto mine = env::groupWideSettings();
   std::string text;
   for (const auto& [name, value] : mine) text += strCat(name, "=", value, "\n");
-  rendezvous.set(strCat("knobs/", rank), text);
+  const std::vector<std::string> every = rendezvous.allGather("knobs/", rank, size, text, "every rank's settings");
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    const std::string theirs = rendezvous.get(strCat("knobs/", peer), strCat("rank ", peer, "'s settings"));
+    const std::string& theirs = every[static_cast<size_t>(peer)];
     if (theirs == text) continue;
     std::string differences;
     for (const auto& [name, value] : mine) {

@@ -10,6 +10,12 @@ namespace ddplite {
 namespace {
 constexpr const char* kNamespace = "ddplite/";
 constexpr const char* kFailureKey = "ddplite/failure";
+constexpr const char* kRendezvousHint =
+    "every rank of the group must call init_process_group/new_group with the same "
+    "world size; check that the rank named above started and reached it. If the store outlives "
+    "runs (a file:// path, a store passed to init_process_group) and an earlier run on it "
+    "crashed during set-up, its run counter (ddplite/runs/size<N>) can pair this run's ranks wrongly: "
+    "start from a fresh store";
 }  // namespace
 
 void StoreRendezvous::set(const std::string& key, const std::string& value) {
@@ -21,13 +27,45 @@ std::string StoreRendezvous::get(const std::string& key, const std::string& wait
     auto bytes = store_->get(kNamespace + prefix_ + key);
     return std::string(bytes.begin(), bytes.end());
   } catch (const std::exception& error) {
-    throwDistError(strCat("rendezvous failed while waiting for ", waitingFor, ": ", error.what()),
-                   "every rank of the group must call init_process_group/new_group with the same "
-                   "world size; check that the rank named above started and reached it. If the store outlives "
-                   "runs (a file:// path, a store passed to init_process_group) and an earlier run on it "
-                   "crashed during set-up, its run counter (ddplite/runs/size<N>) can pair this run's ranks wrongly: "
-                   "start from a fresh store");
+    throwDistError(strCat("rendezvous failed while waiting for ", waitingFor, ": ", error.what()), kRendezvousHint);
   }
+}
+
+std::vector<std::string> StoreRendezvous::gatherAll(const std::string& key, int size, const std::string& waitingFor) {
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) keys.push_back(strCat(kNamespace, prefix_, key, r));
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  try {
+    if (store_->hasExtendedApi()) {
+      for (auto& bytes : store_->multiGet(keys)) values.emplace_back(bytes.begin(), bytes.end());
+    } else {
+      for (const auto& one : keys) {
+        auto bytes = store_->get(one);
+        values.emplace_back(bytes.begin(), bytes.end());
+      }
+    }
+    return values;
+  } catch (const std::exception& error) {
+    std::string missing;  // the error path only: one check per rank
+    int listed = 0;
+    for (int r = 0; r < size; ++r) {
+      std::optional<bool> present = has(strCat(key, r));
+      if (present.value_or(true)) continue;
+      if (listed++ < 8) missing += strCat(missing.empty() ? "" : ", ", r);
+    }
+    if (listed > 8) missing += strCat(" and ", listed - 8, " more");
+    throwDistError(strCat("rendezvous failed while waiting for ", waitingFor,
+                          missing.empty() ? std::string() : strCat(" (missing: rank ", missing, ")"), ": ", error.what()),
+                   kRendezvousHint);
+  }
+}
+
+std::vector<std::string> StoreRendezvous::allGather(const std::string& key, int rank, int size,
+                                                    const std::string& value, const std::string& waitingFor) {
+  set(strCat(key, rank), value);
+  return gatherAll(key, size, waitingFor);
 }
 
 std::optional<bool> StoreRendezvous::has(const std::string& key) {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddplite {
 
@@ -28,6 +29,14 @@ class StoreRendezvous {
   void set(const std::string& key, const std::string& value);
   // Blocks until the key exists or the store's timeout passes (then throws DistBackendError).
   std::string get(const std::string& key, const std::string& waitingFor);
+  // Every rank's value of "<key><r>", r = 0 .. size-1, once all are set: one request where the
+  // store serves several keys at once (Store::multiGet: TCPStore, torchrun's store), else one get
+  // per rank. So a round of set-up costs each rank O(1) store requests, not one per peer (issue
+  // 27). A timeout names the ranks whose key is missing. gatherAll only reads; allGather sets
+  // this rank's value first.
+  std::vector<std::string> gatherAll(const std::string& key, int size, const std::string& waitingFor);
+  std::vector<std::string> allGather(const std::string& key, int rank, int size, const std::string& value,
+                                     const std::string& waitingFor);
   // Whether the key exists, without waiting; nothing when the store cannot be reached.
   std::optional<bool> has(const std::string& key);
   // Store::add (creates the counter at 0): the value after adding.

@@ -77,10 +77,9 @@ std::unique_ptr<ShmChannels> ShmChannels::create(StoreRendezvous& rendezvous, Tr
   channels->state(rank).pid = static_cast<uint32_t>(getpid());
   channels->state(rank).pidNamespace = pidNamespace();
   // Every rank's pid is visible to the others after this store round trip.
-  rendezvous.set(strCat("channels/ready/", rank), "1");
+  rendezvous.allGather("channels/ready/", rank, size, "1", "every rank to map its point-to-point channels");
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    rendezvous.get(strCat("channels/ready/", peer), strCat("rank ", peer, " to map its point-to-point channels"));
     // A peer in another PID namespace (a container sharing /dev/shm and the network, not pids):
     // its pid names another process here, so only the TCP mesh tells whether it lives.
     const RankState& theirs = channels->state(peer);

@@ -14,10 +14,10 @@ namespace {
 std::vector<std::vector<int>> ranksByHost(StoreRendezvous& rendezvous, int size) {
   std::vector<std::vector<int>> hosts;
   std::map<std::string, size_t> hostOf;
+  // published by every rank in ShmSegment::create before it compared identities
+  const std::vector<std::string> identities = rendezvous.gatherAll("shm/host/", size, "every rank's host identity");
   for (int member = 0; member < size; ++member) {
-    // published by every rank in ShmSegment::create before it compared identities
-    const std::string identity =
-        rendezvous.get(strCat("shm/host/", member), strCat("rank ", member, "'s host identity"));
+    const std::string& identity = identities[static_cast<size_t>(member)];
     const auto [at, added] = hostOf.emplace(identity, hosts.size());
     if (added) hosts.emplace_back();
     hosts[at->second].push_back(member);
@@ -75,10 +75,10 @@ std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous
                                          hierarchy->localView_->size(), chunkBytes, &failure, &spansHosts, *mine);
   }
   // Every rank learns whether every host got its segment: all use the hierarchy, or none does.
-  rendezvous.set(strCat("hierarchy/", rank), failure.empty() ? "ok" : failure);
+  const std::vector<std::string> reports = rendezvous.allGather(
+      "hierarchy/", rank, size, failure.empty() ? "ok" : failure, "every rank setting up its host's shared memory");
   for (int member = 0; member < size; ++member) {
-    const std::string report =
-        rendezvous.get(strCat("hierarchy/", member), strCat("rank ", member, " setting up its host's shared memory"));
+    const std::string& report = reports[static_cast<size_t>(member)];
     if (report != "ok") {
       *whyNot = strCat("rank ", member, " could not share memory with its host's ranks: ", report);
       return nullptr;

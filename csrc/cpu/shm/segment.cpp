@@ -114,10 +114,11 @@ std::string ShmSegment::hostIdentity() {
 ShmSegment::Outcome ShmSegment::create(StoreRendezvous& rendezvous, int rank, int size, size_t bytes) {
   // 1. one host?
   const std::string mine = hostIdentity();
-  rendezvous.set(strCat("shm/host/", rank), mine);
+  const std::vector<std::string> identities =
+      rendezvous.allGather("shm/host/", rank, size, mine, "every rank's host identity");
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    const std::string theirs = rendezvous.get(strCat("shm/host/", peer), strCat("rank ", peer, "'s host identity"));
+    const std::string& theirs = identities[static_cast<size_t>(peer)];
     if (theirs != mine) {
       return {nullptr,
               strCat("the group spans hosts (rank ", peer, " is on '", theirs, "', rank ", rank, " on '", mine, "')"),

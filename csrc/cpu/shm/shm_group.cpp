@@ -101,10 +101,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
   for (auto& word : mine.flags) word.store(hooks.shmFirstStep, std::memory_order_relaxed);
   if (hooks.shmFaultRank == rank) group->faultSeq_ = hooks.shmFaultSeq;
   // Every rank's pid and first flags are visible to the others after this store round trip.
-  rendezvous.set(strCat("shm/ready/", rank), "1");
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) rendezvous.get(strCat("shm/ready/", peer), strCat("rank ", peer, " to map shared memory"));
-  }
+  rendezvous.allGather("shm/ready/", rank, size, "1", "every rank to map shared memory");
   return group;
 }
 
