@@ -409,6 +409,10 @@ DdpliteBackend::~DdpliteBackend() {
   cuda_.reset();
 }
 
+void DdpliteBackend::release_resources() {
+  forgetLive(this);  // c10's own release_resources() is empty, and neither Backend nor its bases add to it
+}
+
 c10::intrusive_ptr<c10d::Backend::Options> DdpliteBackend::getBackendOptions() {
   auto options = c10::make_intrusive<DdpliteOptions>(kName, std::chrono::milliseconds(timeoutMs_.load()));
   options->group_name = getGroupUid();
@@ -1297,6 +1301,14 @@ void registerLive(const c10::intrusive_ptr<DdpliteBackend>& backend) {
                                     [](const auto& weak) { return weak.expired(); }),
                      liveBackends.end());
   liveBackends.emplace_back(backend);
+}
+
+void forgetLive(const DdpliteBackend* backend) {
+  std::lock_guard<std::mutex> lock(liveMutex);
+  // A weak entry keeps a c10 object from being destroyed (only released) while it exists.
+  liveBackends.erase(std::remove_if(liveBackends.begin(), liveBackends.end(),
+                                    [&](const auto& weak) { return weak._unsafe_get_target() == backend; }),
+                     liveBackends.end());
 }
 
 void stopAllBackendsForExit() {

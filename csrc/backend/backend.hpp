@@ -60,6 +60,10 @@ class DdpliteBackend final : public c10d::Backend {
   DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
                  TraceGroupIdentity trace = {});
   ~DdpliteBackend() override;
+  // When the last strong reference goes (c10::intrusive_ptr): drops this backend's weak entry in
+  // the registry of live backends (registerLive), so that the destructor runs now, closing the
+  // group's sockets and joining its threads, not at the next group's creation.
+  void release_resources() override;
 
   const std::string getBackendName() const override { return kName; }
   c10::intrusive_ptr<Options> getBackendOptions() override;
@@ -302,8 +306,9 @@ class DdpliteBackend final : public c10d::Backend {
   std::unique_ptr<Worker> worker_;  // last member: its thread uses everything above
 };
 
-// Remembers `backend` (weakly) for stopAllBackendsForExit.
+// Remembers `backend` (weakly) for stopAllBackendsForExit; forgetLive() drops it.
 void registerLive(const c10::intrusive_ptr<DdpliteBackend>& backend);
+void forgetLive(const DdpliteBackend* backend);
 // DdpliteBackend::stopForExit on every backend of this process still alive: torch_ddp_lite's
 // atexit hook, which runs before Python finalizes. Any thread; releases the GIL.
 void stopAllBackendsForExit();

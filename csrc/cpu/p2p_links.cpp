@@ -1,6 +1,7 @@
 #include "cpu/p2p_links.hpp"
 
 #include "common/errors.hpp"
+#include "common/fd_limits.hpp"
 #include "cpu/shm/channels.hpp"
 #include "cpu/transport/tcp.hpp"
 
@@ -103,7 +104,15 @@ class SocketLinks final : public P2pLinks {
   SocketLinks(std::unique_ptr<TcpTransport> mesh, std::vector<int> peers)
       : P2pLinks(std::move(peers)), mesh_(std::move(mesh)), ended_(static_cast<size_t>(mesh_->size()), 0) {
     wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    DDPLITE_ENFORCE(wakeFd_ >= 0, "eventfd failed: ", std::strerror(errno));
+    if (wakeFd_ < 0) {
+      const int error = errno;
+      if (outOfDescriptors(error)) {
+        throwDistError(strCat("eventfd for the send/recv pump failed: ", descriptorShortage(error, mesh_->size())),
+                       descriptorHint());
+      }
+      throwDistError(strCat("eventfd for the send/recv pump failed: ", std::strerror(error)),
+                     "this kernel must support eventfd");
+    }
   }
   ~SocketLinks() override { close(wakeFd_); }
 

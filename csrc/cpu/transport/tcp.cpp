@@ -2,6 +2,7 @@
 
 #include "common/env.hpp"
 #include "common/errors.hpp"
+#include "common/fd_limits.hpp"
 #include "common/logging.hpp"
 #include "cpu/transport/auth.hpp"
 #include "cpu/transport/net_iface.hpp"
@@ -83,14 +84,19 @@ int millisUntil(Deadline deadline) {
 
 // A failed socket call during set-up or tuning: a DistBackendError naming the rank, the call,
 // what it was for and the errno text (set-up never leaves a foreign exception or a half-made socket).
-[[noreturn]] void throwSocketError(int rank, const char* call, const std::string& about, int error) {
+// `groupSize` (0: unknown) sizes the descriptor count an EMFILE message gives.
+[[noreturn]] void throwSocketError(int rank, const char* call, const std::string& about, int error,
+                                   int groupSize = 0) {
+  if (outOfDescriptors(error)) {
+    throwDistError(strCat("rank ", rank, ": ", call, " failed ", about, ": ", descriptorShortage(error, groupSize)),
+                   descriptorHint());
+  }
   throwDistError(strCat("rank ", rank, ": ", call, " failed ", about, ": ", std::strerror(error)),
-                 "the machine may be out of file descriptors or ports (ulimit -n), or the interface "
-                 "DDPLITE_SOCKET_IFNAME selects may be down");
+                 "the machine may be out of ports, or the interface DDPLITE_SOCKET_IFNAME selects may be down");
 }
 
-void checkCall(int result, int rank, const char* call, const std::string& about) {
-  if (result < 0) throwSocketError(rank, call, about, errno);
+void checkCall(int result, int rank, const char* call, const std::string& about, int groupSize = 0) {
+  if (result < 0) throwSocketError(rank, call, about, errno, groupSize);
 }
 
 void setBlocking(int fd, bool blocking, int rank, const std::string& about) {
@@ -383,7 +389,7 @@ int TcpTransport::openListener(MeshSetup& setup) {
   const std::string about = strCat("to listen on ", setup.host);
   const net::Endpoint bindAddress = parseAddress(net::joinHostPort(setup.host, 0), setup.rank);
   UniqueFd listener(socket(bindAddress.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
-  checkCall(listener.get(), setup.rank, "socket", about);
+  checkCall(listener.get(), setup.rank, "socket", about, setup.size);
   if (bind(listener.get(), bindAddress.get(), bindAddress.length) != 0 ||
       listen(listener.get(), SOMAXCONN) != 0) {  // strangers must not fill a backlog sized for the peers
     throwDistError(strCat("rank ", setup.rank, " cannot listen on ", setup.host, ": ", std::strerror(errno)),
@@ -410,7 +416,7 @@ int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoi
     *error = errno;
     return -1;
   }
-  checkCall(fd.get(), setup.rank, "socket", about);
+  checkCall(fd.get(), setup.rank, "socket", strCat(about, " (rank ", peer, ")"), setup.size);
   setBlocking(fd.get(), false, setup.rank, about);
   const int result = connect(fd.get(), target.get(), target.length);
   *error = (result == 0) ? 0 : (errno == EINPROGRESS ? finishConnect(fd.get(), setup.deadline) : errno);
@@ -526,6 +532,12 @@ void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener
       // that could not connect.
       const int error = errno;
       if (error == EINTR || error == ECONNABORTED) continue;
+      // Out of descriptors: it would not get better by the deadline (this rank holds what it
+      // has), so say so now instead of retrying for the whole set-up timeout.
+      if (outOfDescriptors(error)) {
+        throwSocketError(setup.rank, "accept", strCat("on ", setup.myAddress, " (", stillExpected,
+                                                      " higher ranks still to connect)"), error, setup.size);
+      }
       if (error != EAGAIN && error != EWOULDBLOCK) {
         static std::atomic<bool> warned{false};
         if (!warned.exchange(true)) {

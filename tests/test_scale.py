@@ -1,0 +1,45 @@
+"""Issue 27: per-rank costs that do not grow with the group or with time. Figures (threads, fds,
+latency at 8-64 ranks against gloo) are benchmarks: scripts/scale_probe.py, docs/scale.md."""
+
+import os
+import tempfile
+
+import pytest
+
+import scale_workers
+from harness import run_ranks
+
+
+@pytest.mark.parametrize("world_size,rounds", [
+    (4, 30),
+    pytest.param(16, 100, marks=[pytest.mark.slow, pytest.mark.exhaustive]),
+])
+def test_threads_and_descriptors_stay_flat_across_new_group_rounds(world_size, rounds):
+    """Every new_group + destroy leaves the process as it found it: no thread, socket, pidfd or
+    segment descriptor of the group outlives it, round after round."""
+    results = run_ranks(scale_workers.group_rounds, world_size, rounds, timeout_s=900)
+    for rank, out in enumerate(results):
+        before = tuple(out["before"])
+        assert [tuple(counts) for counts in out["after"]] == [before] * rounds, (rank, before, out["after"])
+
+
+def test_running_out_of_descriptors_is_a_clear_error_on_every_rank():
+    """Rank 2 of 8 may open only a few more descriptors than it has: it raises at once, naming
+    RLIMIT_NOFILE, what it holds and what the group needs, with the way to raise the limit; the
+    others fail by the group's 20 s timeout naming rank 2. Nobody hangs."""
+    store = os.path.join(tempfile.mkdtemp(prefix="ddplite-fd-"), "store")
+    results = run_ranks(scale_workers.descriptors_run_out, 8, store, 2, 6, backend=None, timeout_s=180)
+    victim = results[2]
+    assert victim["type"] == "DistBackendError", victim
+    message = victim["message"]
+    assert "rank 2" in message and "out of file descriptors" in message and "RLIMIT_NOFILE" in message, message
+    assert "a ddplite group of 8 ranks holds up to about 22 per rank" in message and "ulimit -n" in message, message
+    assert victim["seconds"] < 10.0, victim
+    # The others: each raises by the timeout (20 s) plus slack. Those that were connecting to rank 2
+    # or waiting for its keys name it; a rank waiting for a third rank stuck behind rank 2 names
+    # that one.
+    others = [outcome for rank, outcome in enumerate(results) if rank != 2]
+    for outcome in others:
+        assert outcome["type"] == "DistBackendError", outcome
+        assert outcome["seconds"] < 60.0, outcome
+    assert any("rank 2" in outcome["message"] for outcome in others), others
