@@ -1,5 +1,6 @@
 #include "backend/backend.hpp"
 
+#include "common/fork_guard.hpp"
 #include "common/gil.hpp"
 
 #include "backend/sparse_allreduce.hpp"
@@ -399,6 +400,7 @@ void DdpliteBackend::connectMpi(bool mpiTransport) {
 DdpliteBackend::~DdpliteBackend() {
   // The threads are joined here, without the GIL (common/gil.hpp), not by the members' own
   // destructors after this body, which would run with the GIL the caller holds.
+  if (abandonInForkedChild()) return;
   GilReleasedScope released;
   // Destroyed without destroy_process_group (shutdown): the CUDA path aborts rather than wait for
   // queued NCCL work, as ProcessGroupNCCL's destructor does (cuda/rules/nccl_rules.hpp).
@@ -407,6 +409,25 @@ DdpliteBackend::~DdpliteBackend() {
   worker_.reset();
   p2p_.reset();
   cuda_.reset();
+}
+
+bool DdpliteBackend::abandonInForkedChild() {
+  if (fork_guard::createdHere(creatorPid_)) return false;
+  closed_ = true;
+  // Deliberate leaks: their threads do not exist here, their sockets were closed at fork, and the
+  // segments and the NCCL communicator are the parent's.
+  (void)worker_.release();
+  (void)p2p_.release();
+  (void)cuda_.release();
+  (void)hosts_.release();
+  (void)shm_.release();
+  (void)transport_.release();
+  (void)mpiCollectives_.release();
+  (void)mpiDataComm_.release();
+  (void)mpiComm_.release();
+  (void)bootstrap_.release();
+  (void)arrivals_.release();
+  return true;
 }
 
 void DdpliteBackend::release_resources() {
@@ -425,7 +446,18 @@ void DdpliteBackend::setTimeout(std::chrono::milliseconds timeout) {
 }
 
 OpContext DdpliteBackend::nextContext(const char* op) const {
-  return OpContext{rank_, size_, op, seq_.load() + 1};
+  OpContext ctx{rank_, size_, op, seq_.load() + 1};
+  refuseInForkedChild(ctx);
+  return ctx;
+}
+
+void DdpliteBackend::refuseInForkedChild(const OpContext& ctx) const {
+  if (fork_guard::createdHere(creatorPid_)) return;
+  throwDistError(ctx, strCat("this process (pid ", fork_guard::currentPid(), ") is a fork of the one that created the "
+                             "process group (pid ", creatorPid_, "): a forked child has none of the group's threads "
+                             "and its copies of the group's connections were closed at fork"),
+                 "call collectives only in the process that created the group; a child process (a DataLoader "
+                 "worker, multiprocessing with fork) that needs one must create its own group");
 }
 
 bool DdpliteBackend::routesToCuda(const OpContext& ctx, const at::Tensor& tensor) const {
@@ -718,6 +750,7 @@ void DdpliteBackend::settlePendingChecks() {
 }
 
 void DdpliteBackend::stopForExit() {
+  if (abandonInForkedChild()) return;
   GilReleasedScope released;
   // With nothing pending, the connections stay as they are until the process ends (a peer still
   // waiting for this rank meets the group's timeout, or the closed connections, as without this).
@@ -736,6 +769,7 @@ void DdpliteBackend::stopForExit() {
 }
 
 void DdpliteBackend::abort() {
+  if (abandonInForkedChild()) return;
   markBroken(strCat("abort() was called on rank ", rank_));
   if (mpiCollectives_) mpiCollectives_->abort();
   if (shm_) shm_->abort();
@@ -746,6 +780,7 @@ void DdpliteBackend::abort() {
 }
 
 void DdpliteBackend::shutdown() {
+  if (abandonInForkedChild()) return;
   if (closed_.exchange(true)) return;
   GilReleasedScope released;  // it joins the worker (common/gil.hpp)
   if (cuda_) cuda_->shutdown();  // drains CUDA work first; staged ops finish on the worker below
@@ -1116,6 +1151,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::alltoall(std::vector<at::Tensor>&
 // ---- point-to-point ----------------------------------------------------------------------
 
 OpContext DdpliteBackend::nextP2pContext(const char* op) {
+  refuseInForkedChild(OpContext{rank_, size_, op, p2pSeq_.load() + 1});
   return OpContext{rank_, size_, op, ++p2pSeq_};
 }
 
@@ -1193,6 +1229,84 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::split(const c10::intrusive_ptr
   lastSplit_ = c10::weak_intrusive_ptr<c10d::Backend>(made);
   return made;
 }
+
+#if DDPLITE_TORCH_HAS_SHRINK
+namespace {
+constexpr int kShrinkAbort = 0x01;  // torch.distributed.SHRINK_ABORT
+
+std::string listOf(const std::vector<int>& ranks) {
+  std::string listed;
+  for (int r : ranks) listed += strCat(listed.empty() ? "" : ", ", r);
+  return strCat("[", listed, "]");
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Backend> DdpliteBackend::shrink(const std::vector<int64_t>& excluded, int flags,
+                                                         const c10::intrusive_ptr<Options>& opts) {
+  const OpContext ctx{rank_, size_, "shrink_group", seq_.load()};
+  std::lock_guard<std::mutex> lock(splitMutex_);
+  std::vector<int> gone(excluded.begin(), excluded.end());
+  std::sort(gone.begin(), gone.end());
+  const bool distinct = std::adjacent_find(gone.begin(), gone.end()) == gone.end();
+  if (gone.empty() || !distinct || gone.front() < 0 || gone.back() >= size_ ||
+      static_cast<int>(gone.size()) >= size_) {
+    throwValueError(ctx, strCat("ranks to exclude ", listOf(gone), " are not distinct ranks of this group of ", size_,
+                                ", or leave no rank"),
+                    "pass the ranks that failed (torch_ddp_lite reports them in its errors), each once");
+  }
+  if (std::binary_search(gone.begin(), gone.end(), rank_)) {
+    throwDistError(ctx, strCat("rank ", rank_, " is among the ranks to exclude ", listOf(gone)),
+                   "only the ranks that stay call shrink_group; an excluded rank should exit");
+  }
+  if (opts && opts->backend != kName) {
+    throwValueError(ctx, strCat("pg_options are ", opts->backend, "'s options; a ddplite group takes ddplite's"),
+                    "pass torch_ddp_lite.Options(timeout=...) or no pg_options (the group's are kept)");
+  }
+  if (flags & kShrinkAbort) abort();
+  const uint64_t epoch = ++shrinks_;
+  const std::vector<int> survivors = agreeOnExclusion(ctx, epoch, gone);
+  const int newRank = static_cast<int>(std::lower_bound(survivors.begin(), survivors.end(), rank_) - survivors.begin());
+  auto childStore = c10::make_intrusive<c10d::PrefixStore>(strCat("ddplite-shrink/", epoch, "/"), store_);
+  TraceGroupIdentity trace{opts ? opts->group_name : std::string(), opts ? opts->group_desc : std::string(), {}};
+  for (int r : survivors) trace.globalRanks.push_back(globalRanks_[r]);
+  const auto timeout = opts ? opts->timeout : std::chrono::milliseconds(timeoutMs_.load());
+  DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": shrink #", epoch, " without ", listOf(gone), ": rank ", newRank,
+              "/", survivors.size(), " of the new group");
+  auto child = c10::make_intrusive<DdpliteBackend>(childStore, newRank, static_cast<int>(survivors.size()), timeout,
+                                                   std::move(trace));
+  registerLive(child);
+  return child;
+}
+
+std::vector<int> DdpliteBackend::agreeOnExclusion(const OpContext& ctx, uint64_t epoch,
+                                                  const std::vector<int>& excluded) {
+  StoreRendezvous round = rendezvous_.prefixed(strCat("shrink/", epoch, "/excluded/"));
+  const std::string mine = listOf(excluded);
+  round.set(std::to_string(rank_), mine);
+  std::vector<int> survivors;
+  for (int r = 0; r < size_; ++r) {
+    if (std::binary_search(excluded.begin(), excluded.end(), r)) continue;
+    survivors.push_back(r);
+    if (r == rank_) continue;
+    std::string theirs;
+    try {
+      theirs = round.get(std::to_string(r), strCat("rank ", r, "'s list of ranks to exclude in shrink #", epoch));
+    } catch (const std::exception& error) {
+      throwDistError(ctx, strCat("shrink #", epoch, " without ", mine, ": rank ", r, " did not join it (", error.what(),
+                                 ")"),
+                     strCat("rank ", r, " may have failed too, or not call shrink_group: exclude it as well, or "
+                            "check that every surviving rank calls shrink_group with the same ranks"));
+    }
+    if (theirs != mine) {
+      throwDistError(ctx, strCat("shrink #", epoch, ": rank ", rank_, " excludes ", mine, " but rank ", r,
+                                 " excludes ", theirs, "; the survivors must agree"),
+                     "pass the same ranks_to_exclude on every surviving rank (torch_ddp_lite's errors name the "
+                     "failed ranks)");
+    }
+  }
+  return survivors;
+}
+#endif
 
 void DdpliteBackend::eagerConnectSingleDevice(at::Device device) {
   if (!device.is_cuda() || !cuda_) return;

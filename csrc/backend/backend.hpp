@@ -19,7 +19,9 @@
 #include "backend/monitored_barrier.hpp"
 #include "backend/work.hpp"
 #include "backend/worker.hpp"
+#include "common/compat.hpp"
 #include "common/errors.hpp"
+#include "common/fork_guard.hpp"
 #include "cpu/algorithms/algorithm.hpp"
 #include "cpu/collectives.hpp"
 #include "cpu/mpi_collectives.hpp"
@@ -140,6 +142,20 @@ class DdpliteBackend final : public c10d::Backend {
   bool supportsSplitting() const override { return true; }
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& opts) override;
+#if DDPLITE_TORCH_HAS_SHRINK
+  // torch's shrink_group: a new ddplite group of this group's ranks but `excluded`, called by
+  // every survivor and by no excluded rank (they may be dead). The survivors first agree through
+  // the store (which torchrun's agent, or the user, hosts) on the list: each publishes its own
+  // under "ddplite-shrink/<n>/excluded/<rank>" and reads every other survivor's, n counting this
+  // group's shrinks; a survivor with another list, or one that never publishes within the group's
+  // timeout, raises DistBackendError naming it. The new group then connects afresh under
+  // "ddplite-shrink/<n>/" (new sockets and segment: nothing of this group's streams can reach it).
+  // `flags` & SHRINK_ABORT (1): this group's pending ops are aborted first. CUDA: the new group
+  // makes its own NCCL communicator when it first meets a CUDA tensor. Caller's thread.
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& excluded, int flags,
+                                           const c10::intrusive_ptr<Options>& opts) override;
+#endif
   // gloo's monitored barrier (backend/monitored_barrier.hpp), over the send/recv mesh; CPU only.
   // A timeout of zero is zero (rank 0 gives up at once), as in gloo; unset is the group's.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
@@ -255,12 +271,20 @@ class DdpliteBackend final : public c10d::Backend {
   void connectHostHierarchy(const std::string& spansHosts);
   std::vector<std::unique_ptr<cpu::P2pLinks>> connectPointToPoint(Deadline connectBy);
   std::unique_ptr<cpu::P2pLinks> connectHostChannels();
+  // In a forked child (not creatorPid_): let go of every member that owns threads, sockets or
+  // segments without running its destructor; true when it did. Any thread.
+  bool abandonInForkedChild();
+  // shrink's agreement round (see shrink): returns the survivors, sorted.
+  std::vector<int> agreeOnExclusion(const OpContext& ctx, uint64_t epoch, const std::vector<int>& excluded);
+  // Raises DistBackendError for an op called in a forked child.
+  void refuseInForkedChild(const OpContext& ctx) const;
 
   StoreRendezvous rendezvous_;
   std::vector<int> globalRanks_;  // global rank of each rank of this group; written once in the constructor
   c10::intrusive_ptr<c10d::Store> store_;  // this group's store; split groups connect over it
   std::mutex splitMutex_;                  // guards the three below
   uint64_t splits_ = 0;                    // split_group calls so far
+  uint64_t shrinks_ = 0;                   // shrink_group calls so far
   // torch's store of the last split() call (held, so that no later call's store reuses its
   // address), and the group it made on this rank.
   c10::intrusive_ptr<c10d::Store> lastSplitStore_;
@@ -303,6 +327,9 @@ class DdpliteBackend final : public c10d::Backend {
   bool detailChecks_ = false;  // DDPLITE_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL; set once in the constructor
 
   std::atomic<bool> closed_{false};
+  // The process that built this group. A forked child holds a copy of this object without its
+  // threads: its teardown leaks instead of joining, shutting sockets down or unlinking (common/fork_guard.hpp).
+  const pid_t creatorPid_ = fork_guard::currentPid();
   std::unique_ptr<Worker> worker_;  // last member: its thread uses everything above
 };
 

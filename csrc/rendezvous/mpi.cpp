@@ -1,6 +1,7 @@
 #include "rendezvous/mpi.hpp"
 
 #include "common/errors.hpp"
+#include "common/fork_guard.hpp"
 
 #ifdef DDPLITE_WITH_MPI
 #include <mpi.h>
@@ -22,6 +23,7 @@ namespace {
 
 std::once_flag initOnce;
 std::atomic<bool> weInitialised{false};
+pid_t initialisedIn = 0;  // the process that called MPI_Init_thread; written before weInitialised is set
 
 MPI_Comm commOf(const GroupComm& comm) {
   return reinterpret_cast<MPI_Comm>(comm.handle());
@@ -74,6 +76,7 @@ std::pair<int, int> initWorld() {
     if (initialised) return;  // mpi4py or the user did it; they finalise it too
     int provided = 0;
     check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    initialisedIn = fork_guard::currentPid();
     weInitialised = true;
     if (provided < MPI_THREAD_MULTIPLE) {
       throwDistError(strCat("MPI provides thread level ", provided, ", ddplite needs MPI_THREAD_MULTIPLE (",
@@ -105,6 +108,7 @@ bool isInitialized() {
 
 void finalizeAtExit() {
   if (!weInitialised.exchange(false)) return;
+  if (!fork_guard::createdHere(initialisedIn)) return;  // a forked child: MPI is its parent's
   int finalised = 0;
   MPI_Finalized(&finalised);
   if (!finalised) MPI_Finalize();

@@ -1,5 +1,7 @@
 #include "rendezvous/store.hpp"
 
+#include <thread>
+
 #include "common/errors.hpp"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -10,6 +12,7 @@ namespace ddplite {
 namespace {
 constexpr const char* kNamespace = "ddplite/";
 constexpr const char* kFailureKey = "ddplite/failure";
+constexpr const char* kFailureReadKey = "ddplite/failure/read";
 constexpr const char* kRendezvousHint =
     "every rank of the group must call init_process_group/new_group with the same "
     "world size; check that the rank named above started and reached it. If the store outlives "
@@ -116,6 +119,23 @@ std::optional<std::string> StoreRendezvous::recordedFailure() {
     return std::string(bytes.begin(), bytes.end());
   } catch (const std::exception&) {
     return std::nullopt;
+  }
+}
+
+void StoreRendezvous::countFailureRead() {
+  try {
+    store_->add(kFailureReadKey, 1);
+  } catch (const std::exception&) {
+  }
+}
+
+void StoreRendezvous::awaitFailureReadByAll(int size, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  try {
+    while (store_->add(kFailureReadKey, 0) < size && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const std::exception&) {
   }
 }
 

@@ -53,6 +53,12 @@ class StoreRendezvous {
   // that really failed. Both calls swallow store errors: the store host may be the rank that died.
   void recordFailure(const std::string& reason);
   std::optional<std::string> recordedFailure();
+  // Set-up failures: each rank that raises one counts itself here once it has read (or recorded)
+  // the first failure. A rank that may host the store (rank 0 under env:// or tcp://) waits, up to
+  // `limit`, until every rank of the group has counted, so its exit does not take the record away
+  // from ranks still about to read it. Store errors are swallowed.
+  void countFailureRead();
+  void awaitFailureReadByAll(int size, std::chrono::milliseconds limit);
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

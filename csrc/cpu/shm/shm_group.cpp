@@ -18,7 +18,7 @@ namespace {
 constexpr auto kSpin = std::chrono::microseconds(50);
 
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
-constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
+constexpr auto kLivenessInterval = std::chrono::milliseconds(50);  // one poll() on the peer's socket
 constexpr size_t kAlignment = 64;
 constexpr size_t kMaxChunkBytes = size_t{1} << 30;
 

@@ -31,7 +31,7 @@
 //
 // Waiting: spin with a pause instruction for kSpin (none when the group has more ranks than the
 // process has CPUs), then futex-wait in slices of at most
-// 20 ms; between slices check the deadline, abort() and, every 100 ms, the peer's TCP
+// 20 ms; between slices check the deadline, abort() and, every 50 ms, the peer's TCP
 // connection (a rank that died closed it), so a crash is reported within about 0.1 s and a rank
 // that never arrives at the op's timeout, as on the TCP path. A wait for one peer sleeps on that
 // peer's wake word; a wait for every peer (waitAllPosted, waitAllReduced, beginStep) sleeps on

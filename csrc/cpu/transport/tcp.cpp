@@ -3,6 +3,7 @@
 #include "common/env.hpp"
 #include "common/errors.hpp"
 #include "common/fd_limits.hpp"
+#include "common/fork_guard.hpp"
 #include "common/logging.hpp"
 #include "cpu/transport/auth.hpp"
 #include "cpu/transport/net_iface.hpp"
@@ -215,6 +216,13 @@ int finishConnect(int fd, Deadline deadline) {
   }
 }
 
+// How often a rank waiting for higher ranks to connect looks for a set-up failure recorded in the
+// store (one store request each time).
+constexpr auto kFailureCheckInterval = std::chrono::milliseconds(250);
+// How long a rank that quotes a peer's set-up failure waits for every rank to have read it before
+// raising (its process may host the store: see StoreRendezvous::awaitFailureReadByAll).
+constexpr auto kFailureReadLinger = std::chrono::milliseconds(2000);
+
 // A set-up failure recorded by a peer (its connect gave up at about the same deadline), waited for
 // briefly: it names the address the peer could not reach, which this rank cannot know otherwise.
 std::string peerReport(StoreRendezvous& rendezvous) {
@@ -270,7 +278,7 @@ TcpTransport::TcpTransport(int rank, int size, bool checkFingerprints)
 
 TcpTransport::~TcpTransport() {
   for (int fd : fds_) {
-    if (fd >= 0) close(fd);
+    fork_guard::close(fd, this);  // in a forked child: already closed at fork, nothing to do
   }
 }
 
@@ -286,6 +294,10 @@ struct TcpTransport::MeshSetup {
   std::string myAddress;  // host:port ("[host]:port" for IPv6), once listening
   std::string secret;     // the mesh's shared secret (auth.hpp); "" with DDPLITE_AUTH=0
   unsigned scope = 0;     // interface index of `host` when it is IPv6 link-local (0 otherwise)
+  // Whether the store held a set-up failure before this mesh began (a failure recorded earlier in
+  // the group's life, e.g. a mesh built for a check on a group that has failed): only a failure
+  // recorded after that ends the wait for higher ranks early.
+  bool failureRecordedBefore = false;
 
   std::string addressKey(int peer) const { return strCat(purpose, "addr/", peer); }
   std::string peerAddress(int peer) const {
@@ -312,6 +324,7 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
     return transport;
   }
   MeshSetup setup{rendezvous, rank, size, deadline, purpose, "", "", "", ""};
+  setup.failureRecordedBefore = rendezvous.recordedFailure().has_value();
   setup.secret = shareSecret(setup);
   setup.host = net::chooseListenAddress(&setup.why, rendezvous.storeHost());
   setup.scope = net::scopeOf(setup.host);
@@ -320,6 +333,7 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
   for (int peer = 0; peer < rank; ++peer) {
     transport->addresses_[peer] = setup.peerAddress(peer);
     transport->fds_[peer] = connectToLowerRank(setup, peer, transport->addresses_[peer]);
+    fork_guard::adopt(transport->fds_[peer], transport.get());
   }
   acceptHigherRanks(setup, listener.get(), *transport);
   for (int peer = 0; peer < size; ++peer) {
@@ -451,6 +465,7 @@ void TcpTransport::throwImpostor(const MeshSetup& setup, int peer, const std::st
   const std::string failure = strCat("rank ", setup.rank, " connected to ", where, ", the address rank ", peer,
                                      " published, but ", why);
   setup.rendezvous.recordFailure(failure);
+  setup.rendezvous.countFailureRead();
   throwDistError(failure,
                  "another process may have taken that port, or the ranks do not share one store; check that every "
                  "rank of the job was started with the same MASTER_ADDR/MASTER_PORT (or init_method)");
@@ -477,6 +492,7 @@ int TcpTransport::connectToLowerRank(const MeshSetup& setup, int peer, const std
                                          ": ", std::strerror(error), " (rank ", setup.rank, " listens on ",
                                          setup.myAddress, ", ", setup.why, ")", mismatch);
       setup.rendezvous.recordFailure(failure);
+      setup.rendezvous.countFailureRead();
       throwDistError(failure, mismatch.empty() ? unreachableHint() : familyHint());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -490,12 +506,22 @@ int TcpTransport::connectToLowerRank(const MeshSetup& setup, int peer, const std
 void TcpTransport::acceptHigherRanks(const MeshSetup& setup, int listener, TcpTransport& transport) {
   setBlocking(listener, false, setup.rank, "to accept higher ranks");
   std::vector<PendingHandshake> pending;
+  Deadline nextFailureCheck = Clock::now() + kFailureCheckInterval;
   for (int accepted = 0; accepted < setup.size - 1 - setup.rank;) {
     std::vector<pollfd> entries = {{listener, POLLIN, 0}};
     for (const PendingHandshake& connection : pending) entries.push_back({connection.fd.get(), POLLIN, 0});
-    const int ready = poll(entries.data(), entries.size(), millisUntil(setup.deadline));
+    const int ready = poll(entries.data(), entries.size(), millisUntil(std::min(setup.deadline, nextFailureCheck)));
     if (ready < 0 && errno != EINTR) throwSocketError(setup.rank, "poll", "waiting for higher ranks to connect", errno);
-    if (Clock::now() >= setup.deadline) throwMissingHigherRanks(setup, transport);
+    if (Clock::now() >= setup.deadline) throwMissingHigherRanks(setup, transport, peerReport(setup.rendezvous), true);
+    if (Clock::now() >= nextFailureCheck) {
+      nextFailureCheck = Clock::now() + kFailureCheckInterval;
+      // A rank that failed its set-up (and recorded why) will never connect: say so now, not at the deadline.
+      if (!setup.failureRecordedBefore) {
+        if (auto report = setup.rendezvous.recordedFailure()) {
+          throwMissingHigherRanks(setup, transport, strCat("; first failure reported: ", *report), false);
+        }
+      }
+    }
     // Existing handshakes first (entries[1..] are theirs), then the new connections.
     for (size_t i = entries.size() - 1; i >= 1; --i) {
       PendingHandshake& connection = pending[i - 1];
@@ -607,6 +633,7 @@ std::optional<std::string> TcpTransport::advanceHandshake(const MeshSetup& setup
     }
   }
   transport.fds_[hello.rank] = connection.fd.release();
+  fork_guard::adopt(transport.fds_[hello.rank], &transport);
   return "";
 }
 
@@ -615,15 +642,20 @@ void TcpTransport::warnDropped(const MeshSetup& setup, const std::string& from, 
               setup.myAddress, ": ", why, ". It is not a rank of this group; the group goes on without it");
 }
 
-void TcpTransport::throwMissingHigherRanks(const MeshSetup& setup, const TcpTransport& transport) {
+void TcpTransport::throwMissingHigherRanks(const MeshSetup& setup, const TcpTransport& transport,
+                                           const std::string& report, bool timedOut) {
   std::string missing;
   for (int peer = setup.rank + 1; peer < setup.size; ++peer) {
     if (transport.fds_[peer] < 0) missing += strCat(missing.empty() ? "" : ", ", peer);
   }
-  const std::string report = peerReport(setup.rendezvous);
+  if (!report.empty()) {
+    setup.rendezvous.countFailureRead();
+    setup.rendezvous.awaitFailureReadByAll(setup.size, kFailureReadLinger);
+  }
   const bool families = report.find("addresses of different families") != std::string::npos;
-  throwDistError(strCat("rank ", setup.rank, " (listening on ", setup.myAddress, ", ", setup.why,
-                        "): Timed out waiting for rank(s) ", missing, " to connect", report),
+  const std::string what = timedOut ? strCat("Timed out waiting for rank(s) ", missing, " to connect")
+                                    : strCat("Gave up waiting for rank(s) ", missing, " to connect: a rank's set-up failed");
+  throwDistError(strCat("rank ", setup.rank, " (listening on ", setup.myAddress, ", ", setup.why, "): ", what, report),
                  families ? familyHint() : "those ranks may not reach this address; " + unreachableHint());
 }
 
@@ -689,6 +721,9 @@ size_t TcpTransport::recvSome(int peer, void* data, size_t bytes) {
 
 void TcpTransport::abort() {
   if (aborted_.exchange(true)) return;
+  // In a forked child the sockets were closed at fork; shutdown() on the parent's copy would end
+  // the parent's connections.
+  if (!fork_guard::createdHere(creatorPid_)) return;
   // shutdown() wakes a poll blocked in the worker thread; the fds are closed in the destructor,
   // so no descriptor is reused while another thread may still hold it.
   for (int fd : fds_) {

@@ -16,6 +16,7 @@
 // for the next, would otherwise only time out).
 #pragma once
 
+#include "common/fork_guard.hpp"
 #include "cpu/transport/net_iface.hpp"
 #include "cpu/transport/transport.hpp"
 #include "rendezvous/store.hpp"
@@ -85,7 +86,9 @@ class TcpTransport final : public Transport {
   static std::optional<std::string> advanceHandshake(const MeshSetup& setup, PendingHandshake& connection,
                                                      TcpTransport& transport);
   static void warnDropped(const MeshSetup& setup, const std::string& from, const std::string& why);
-  [[noreturn]] static void throwMissingHigherRanks(const MeshSetup& setup, const TcpTransport& transport);
+  // `report`: "; first failure reported: ..." or ""; `timedOut`: at the deadline, else on a failure recorded by a peer.
+  [[noreturn]] static void throwMissingHigherRanks(const MeshSetup& setup, const TcpTransport& transport,
+                                                   const std::string& report, bool timedOut);
 
   // One direction of a transfer in progress: an optional fingerprint header, then the payload.
   struct Progress {
@@ -115,7 +118,8 @@ class TcpTransport final : public Transport {
 
   const int rank_;
   const int size_;
-  std::vector<int> fds_;               // fds_[peer]; -1 for self
+  std::vector<int> fds_;               // fds_[peer]; -1 for self; each registered with fork_guard
+  const pid_t creatorPid_ = fork_guard::currentPid();  // a forked child's copy neither shuts down nor closes them
   std::vector<std::string> addresses_; // "ip:port" or "[ipv6]:port" each rank listens on
   std::atomic<bool> aborted_{false};
 

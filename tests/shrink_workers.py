@@ -1,0 +1,73 @@
+"""Rank bodies for tests/test_shrink.py: a rank dies (or hangs), the others shrink the group."""
+
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def _fail(rank, victim, how):
+    """The victim dies (SIGKILL) or hangs (SIGSTOP) here; others return at once."""
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+
+
+def _check_group(old_ranks):
+    """A collective round on the (new) default group; returns what every rank can check in closed form."""
+    tensor = torch.full((1001,), float(old_ranks[dist.get_rank()] + 1))
+    dist.all_reduce(tensor)
+    gathered = [torch.zeros(3) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, torch.full((3,), float(dist.get_rank())))
+    root = torch.arange(5.0) * (dist.get_rank() + 1)
+    dist.broadcast(root, src=dist.get_world_size() - 1)
+    return {"sum": tensor[0].item(), "gathered": [g[0].item() for g in gathered], "broadcast": root}
+
+
+def shrink_after_failures(rank, world_size, victims, how, flags):
+    """Each victim in turn fails; the survivors see the failure (a kill: DistBackendError naming
+    it; a hang: at the group's timeout), shrink the default group without it and run a collective
+    round on the new one. Returns, per shrink, what the survivor saw and the new group's values."""
+    old_ranks = list(range(world_size))  # global rank of each rank of the current default group
+    pids = [None] * world_size
+    dist.all_gather_object(pids, os.getpid())
+    dist.all_reduce(torch.ones(4))
+    rounds = []
+    for victim in victims:  # victims: global ranks
+        dist.barrier()
+        _fail(rank, victim, how)
+        started = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(1000))
+            error = None
+        except Exception as failure:  # noqa: BLE001
+            error = (type(failure).__name__, str(failure))
+        noticed = time.monotonic() - started
+        gone = old_ranks.index(victim)
+        dist.shrink_group([gone], shrink_flags=flags)
+        old_ranks.remove(victim)
+        values = _check_group(old_ranks)
+        if how == "stop" and rank == old_ranks[0]:
+            os.kill(pids[victim], signal.SIGKILL)  # the stopped rank would otherwise outlive the test
+        rounds.append({"error": error, "noticed": noticed, "recovered": time.monotonic() - started,
+                       "rank": dist.get_rank(), "size": dist.get_world_size(), **values})
+    return rounds
+
+
+def shrink_with_disagreeing_lists(rank, world_size):
+    """Rank 3 dies; ranks 0 and 1 exclude [3], rank 2 excludes [1, 3]. Every survivor must raise."""
+    dist.all_reduce(torch.ones(4))
+    dist.barrier()
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(torch.ones(10))
+    except Exception:  # noqa: BLE001
+        pass
+    started = time.monotonic()
+    try:
+        dist.shrink_group([1, 3] if rank == 2 else [3])
+        return {"raised": None}
+    except Exception as error:  # noqa: BLE001
+        return {"raised": type(error).__name__, "message": str(error), "seconds": time.monotonic() - started}

@@ -1,0 +1,69 @@
+"""torch.distributed.shrink_group on ddplite groups: the survivors of a killed (or hung) rank form
+a smaller group in place and carry on with correct values (issue 28)."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+import shrink_workers
+from harness import run_ranks
+
+pytestmark = pytest.mark.skipif(not hasattr(dist, "shrink_group"), reason="torch without shrink_group")
+
+
+def _check_round(outcome, survivors):
+    """`survivors`: global ranks left after the shrink, in order; outcome from one survivor."""
+    size = len(survivors)
+    assert outcome["size"] == size, outcome
+    assert outcome["sum"] == sum(r + 1 for r in survivors), outcome
+    assert outcome["gathered"] == [float(r) for r in range(size)], outcome
+    assert torch.equal(outcome["broadcast"], torch.arange(5.0) * size), outcome
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+@pytest.mark.parametrize("world_size,victim", [(3, 2), (4, 1)])
+def test_survivors_shrink_after_a_kill_and_get_closed_forms(transport, world_size, victim):
+    results = run_ranks(shrink_workers.shrink_after_failures, world_size, [victim], "kill", c10d.SHRINK_DEFAULT,
+                        pg_timeout_s=60, timeout_s=150, may_exit={victim}, env={"DDPLITE_CPU_TRANSPORT": transport})
+    survivors = [r for r in range(world_size) if r != victim]
+    for rank in survivors:
+        (outcome,) = results[rank]
+        assert outcome["error"][0] == "DistBackendError" and f"rank {victim}" in outcome["error"][1], outcome["error"]
+        assert outcome["rank"] == survivors.index(rank), outcome
+        _check_round(outcome, survivors)
+        assert outcome["recovered"] < 10, outcome  # a new group in seconds, not the 60 s timeout
+        print(f"{transport} {world_size} ranks, rank {victim} killed: rank {rank} raised after "
+              f"{outcome['noticed']:.2f} s, first correct all_reduce on the shrunk group after {outcome['recovered']:.2f} s")
+
+
+def test_shrink_twice():
+    results = run_ranks(shrink_workers.shrink_after_failures, 4, [3, 1], "kill", c10d.SHRINK_DEFAULT,
+                        pg_timeout_s=60, timeout_s=150, may_exit={1, 3})
+    for rank in (0, 2):
+        first, second = results[rank]
+        _check_round(first, [0, 1, 2])
+        _check_round(second, [0, 2])
+        assert second["rank"] == [0, 2].index(rank), second
+
+
+def test_shrink_abort_after_a_hang():
+    """Rank 2 of 3 stops (SIGSTOP): the survivors time out naming it, then shrink with SHRINK_ABORT."""
+    results = run_ranks(shrink_workers.shrink_after_failures, 3, [2], "stop", c10d.SHRINK_ABORT,
+                        pg_timeout_s=3, timeout_s=150, may_exit={2})
+    for rank in (0, 1):
+        (outcome,) = results[rank]
+        assert outcome["error"][0] == "DistBackendError" and "rank 2" in outcome["error"][1], outcome["error"]
+        assert 2.5 < outcome["noticed"] < 10, outcome
+        _check_round(outcome, [0, 1])
+
+
+def test_survivors_that_disagree_about_who_is_gone_raise_and_say_so():
+    results = run_ranks(shrink_workers.shrink_with_disagreeing_lists, 4, pg_timeout_s=20, timeout_s=150,
+                        may_exit={3})
+    for rank in (0, 1, 2):
+        outcome = results[rank]
+        assert outcome["raised"] == "DistBackendError", (rank, outcome)
+        assert "the survivors must agree" in outcome["message"] and "excludes [1, 3]" in outcome["message"], outcome
+        assert "excludes [3]" in outcome["message"] and "Hint:" in outcome["message"], outcome
+        assert outcome["seconds"] < 15, outcome
