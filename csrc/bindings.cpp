@@ -252,6 +252,15 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("backend"), "(CPU collective transport, why it was chosen) of a ddplite group.");
   m.def(
+      "group_failed_ranks",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, double waitSeconds) {
+        ddplite::DdpliteBackend& group = asDdplite(backend);
+        py::gil_scoped_release released;  // store requests and sleeps
+        return group.failedRanks(std::chrono::milliseconds(static_cast<int64_t>(waitSeconds * 1000)));
+      },
+      py::arg("backend"), py::arg("wait_seconds"),
+      "The ranks of a ddplite group that are gone, agreed by every caller (torch_ddp_lite.failed_ranks).");
+  m.def(
       "group_p2p_path",
       [](const c10::intrusive_ptr<c10d::Backend>& backend) { return std::string(asDdplite(backend).p2pPathName()); },
       py::arg("backend"), "What carries a ddplite group's send/recv: 'shared-memory channels' or 'TCP'.");

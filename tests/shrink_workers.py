@@ -7,6 +7,8 @@ import time
 import torch
 import torch.distributed as dist
 
+import torch_ddp_lite
+
 
 def _fail(rank, victim, how):
     """The victim dies (SIGKILL) or hangs (SIGSTOP) here; others return at once."""
@@ -44,14 +46,17 @@ def shrink_after_failures(rank, world_size, victims, how, flags):
         except Exception as failure:  # noqa: BLE001
             error = (type(failure).__name__, str(failure))
         noticed = time.monotonic() - started
-        gone = old_ranks.index(victim)
-        dist.shrink_group([gone], shrink_flags=flags)
+        failed = torch_ddp_lite.failed_ranks(wait=2.0)  # ranks of the current group, agreed by every survivor
+        agreed = time.monotonic() - started
+        expected = [old_ranks.index(victim)]
+        dist.shrink_group(failed, shrink_flags=flags)
         old_ranks.remove(victim)
         values = _check_group(old_ranks)
         if how == "stop" and rank == old_ranks[0]:
             os.kill(pids[victim], signal.SIGKILL)  # the stopped rank would otherwise outlive the test
-        rounds.append({"error": error, "noticed": noticed, "recovered": time.monotonic() - started,
-                       "rank": dist.get_rank(), "size": dist.get_world_size(), **values})
+        rounds.append({"error": error, "noticed": noticed, "failed": failed, "expected": expected, "agreed": agreed,
+                       "recovered": time.monotonic() - started, "rank": dist.get_rank(),
+                       "size": dist.get_world_size(), **values})
     return rounds
 
 
@@ -71,3 +76,38 @@ def shrink_with_disagreeing_lists(rank, world_size):
         return {"raised": None}
     except Exception as error:  # noqa: BLE001
         return {"raised": type(error).__name__, "message": str(error), "seconds": time.monotonic() - started}
+
+
+def failed_ranks_when_all_live_and_with_a_late_caller(rank, world_size):
+    """Round 1: every rank calls at once: nobody failed. Round 2: the last rank calls 2 s late while
+    the others wait at most 0.5 s: they agree it failed, and it raises when it calls."""
+    everyone = torch_ddp_lite.failed_ranks(wait=5.0)
+    late = world_size - 1
+    if rank == late:
+        time.sleep(2.0)
+    try:
+        second = torch_ddp_lite.failed_ranks(wait=0.5)
+    except Exception as error:  # noqa: BLE001
+        second = (type(error).__name__, str(error))
+    return {"everyone": everyone, "second": second}
+
+
+def shrink_a_subgroup(rank, world_size):
+    """A subgroup of ranks 0-2 of 4 loses rank 2; ranks 0 and 1 shrink that subgroup (the default
+    group is left alone) and run an all_reduce on the result."""
+    sub = dist.new_group([0, 1, 2])
+    if rank == 3:
+        return None
+    dist.all_reduce(torch.ones(4), group=sub)
+    dist.barrier(group=sub)
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(torch.ones(10), group=sub)
+    except Exception:  # noqa: BLE001
+        pass
+    failed = torch_ddp_lite.failed_ranks(group=sub)
+    pair = dist.shrink_group(failed, group=sub)
+    tensor = torch.full((5,), float(rank + 1))
+    dist.all_reduce(tensor, group=pair)
+    return {"failed": failed, "size": pair.size(), "rank": pair.rank(), "sum": tensor.tolist()}

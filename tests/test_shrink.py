@@ -14,6 +14,7 @@ pytestmark = pytest.mark.skipif(not hasattr(dist, "shrink_group"), reason="torch
 
 def _check_round(outcome, survivors):
     """`survivors`: global ranks left after the shrink, in order; outcome from one survivor."""
+    assert outcome["failed"] == outcome["expected"], outcome  # torch_ddp_lite.failed_ranks, agreed
     size = len(survivors)
     assert outcome["size"] == size, outcome
     assert outcome["sum"] == sum(r + 1 for r in survivors), outcome
@@ -34,7 +35,7 @@ def test_survivors_shrink_after_a_kill_and_get_closed_forms(transport, world_siz
         _check_round(outcome, survivors)
         assert outcome["recovered"] < 10, outcome  # a new group in seconds, not the 60 s timeout
         print(f"{transport} {world_size} ranks, rank {victim} killed: rank {rank} raised after "
-              f"{outcome['noticed']:.2f} s, first correct all_reduce on the shrunk group after {outcome['recovered']:.2f} s")
+              f"{outcome['noticed']:.2f} s, failed_ranks() agreed after {outcome['agreed']:.2f} s, first correct all_reduce on the shrunk group after {outcome['recovered']:.2f} s")
 
 
 def test_shrink_twice():
@@ -67,3 +68,22 @@ def test_survivors_that_disagree_about_who_is_gone_raise_and_say_so():
         assert "the survivors must agree" in outcome["message"] and "excludes [1, 3]" in outcome["message"], outcome
         assert "excludes [3]" in outcome["message"] and "Hint:" in outcome["message"], outcome
         assert outcome["seconds"] < 15, outcome
+
+
+def test_failed_ranks_is_empty_when_all_live_and_names_a_late_caller_everywhere():
+    results = run_ranks(shrink_workers.failed_ranks_when_all_live_and_with_a_late_caller, 3, pg_timeout_s=30,
+                        timeout_s=120)
+    for rank, outcome in enumerate(results):
+        assert outcome["everyone"] == [], outcome
+        if rank < 2:
+            assert outcome["second"] == [2], outcome
+        else:
+            kind, message = outcome["second"]
+            assert kind == "DistBackendError" and "the other ranks declared this rank failed" in message, message
+            assert "Hint:" in message, message
+
+
+def test_shrink_a_subgroup():
+    results = run_ranks(shrink_workers.shrink_a_subgroup, 4, pg_timeout_s=30, timeout_s=120, may_exit={2})
+    for rank in (0, 1):
+        assert results[rank] == {"failed": [2], "size": 2, "rank": rank, "sum": [3.0] * 5}, results[rank]

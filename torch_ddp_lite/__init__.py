@@ -14,6 +14,7 @@ import torch
 import torch.distributed  # noqa: F401 - registers c10d types the extension needs
 
 import _ddplite_autoload
+from torch_ddp_lite import _torch_fixes
 
 __version__ = "0.1.0"
 BACKEND_NAME = _ddplite_autoload.BACKEND_NAME
@@ -144,6 +145,32 @@ def cpu_path(group=None):
         raise ValueError(f"the group's CPU backend is {backend.name()}, not ddplite") from None
 
 
+def failed_ranks(group=None, wait=2.0):
+    """The ranks of a ddplite process group (the default group when ``group`` is None) that are
+    gone, dead or stuck, as a sorted list of group ranks: the same list on every rank that calls it,
+    so that the survivors can pass it to ``torch.distributed.shrink_group``.
+
+    Every surviving rank calls it (after its collective raised). Each caller says so in the group's
+    store and waits until every rank has either called too or is known dead (a rank on this host
+    whose process has ended), at most ``wait`` seconds; a rank that neither called nor is known dead
+    by then (it hangs, or died on another host) is counted failed. The first caller's answer is
+    everyone's (the store settles it). A rank that calls after the others' wait ended is in that
+    answer and raises ``DistBackendError``. The store must outlive the failed ranks (torchrun's
+    agent hosts it; under ``env://`` rank 0 does)."""
+    import torch
+    import torch.distributed as dist
+
+    group = dist.group.WORLD if group is None else group
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except RuntimeError as error:
+        raise ValueError(f"this group has no CPU backend: {error}") from None
+    try:
+        return list(_load_extension().group_failed_ranks(backend, float(wait)))
+    except TypeError:
+        raise ValueError(f"the group's CPU backend is {backend.name()}, not ddplite") from None
+
+
 def dump_flight_recorder(path=None):
     """Writes this process's flight-recorder dump (every ddplite group's last ops) in the format of
     torch's analyzer and returns its path, or None when no group records (DDPLITE_TRACE_BUFFER_SIZE=0).
@@ -189,6 +216,7 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 
 
 register_backend()
+_torch_fixes.register_shrunk_groups_as_custom()
 _load_extension()
 
 #: ``pg_options`` for ddplite groups: ``Options(timeout=timedelta(seconds=60))``; copyable, as
@@ -205,6 +233,7 @@ __all__ = [
     "cpu_path",
     "dump_flight_recorder",
     "env_knobs",
+    "failed_ranks",
     "flight_recorder_trace",
     "get_algorithms",
     "monitored_barrier",

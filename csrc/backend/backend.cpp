@@ -11,11 +11,19 @@
 #include "cpu/reduce/reduce_kernels.hpp"
 #include "cpu/shm/channels.hpp"
 #include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/shm/segment.hpp"
 #include "cpu/transport/rank_view.hpp"
 #include "cpu/transport/tcp.hpp"
 
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <numeric>
+#include <sstream>
+#include <thread>
 #include <c10/util/StringUtil.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -228,6 +236,7 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
                                       [this](std::chrono::milliseconds t) { return resolveTimeout(t); }, timing_});
   if (size > 1) arrivals_ = std::make_unique<ArrivalRecorder>(rendezvous_, rank, size);
+  if (size > 1) rendezvous_.set(strCat("proc/", rank), strCat(getpid(), " ", cpu::ShmSegment::hostIdentity()));
   if (trace.name.empty()) trace.name = "0";
   if (trace.desc.empty()) trace.desc = "undefined";
   if (static_cast<int>(trace.globalRanks.size()) != size) {
@@ -1228,6 +1237,69 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::split(const c10::intrusive_ptr
   c10::intrusive_ptr<c10d::Backend> made = child;
   lastSplit_ = c10::weak_intrusive_ptr<c10d::Backend>(made);
   return made;
+}
+
+bool DdpliteBackend::peerProcessEnded(int peer) {
+  const std::optional<bool> published = rendezvous_.has(strCat("proc/", peer));
+  if (!published || !*published) return false;
+  const std::string identity = rendezvous_.get(strCat("proc/", peer), strCat("rank ", peer, "'s process"));
+  const size_t space = identity.find(' ');
+  if (space == std::string::npos || identity.substr(space + 1) != cpu::ShmSegment::hostIdentity()) return false;
+  const pid_t pid = static_cast<pid_t>(std::stol(identity.substr(0, space)));
+#ifdef SYS_pidfd_open
+  const long fd = syscall(SYS_pidfd_open, pid, 0);
+  if (fd < 0) return errno == ESRCH;  // no such process (EPERM, ENOSYS: unknown)
+  pollfd entry = {static_cast<int>(fd), POLLIN, 0};
+  const bool ended = poll(&entry, 1, 0) == 1;  // readable once the process has terminated (a zombie too)
+  close(static_cast<int>(fd));
+  return ended;
+#else
+  return kill(pid, 0) != 0 && errno == ESRCH;
+#endif
+}
+
+std::vector<int> DdpliteBackend::failedRanks(std::chrono::milliseconds wait) {
+  const OpContext ctx{rank_, size_, "failed_ranks", seq_.load()};
+  const uint64_t round = ++failedRankRounds_;
+  StoreRendezvous keys = rendezvous_.prefixed(strCat("failed-ranks/", round, "/"));
+  keys.set(strCat("alive/", rank_), "1");
+  std::vector<char> present(static_cast<size_t>(size_), 0);
+  std::vector<char> ended(static_cast<size_t>(size_), 0);
+  present[static_cast<size_t>(rank_)] = 1;
+  const Deadline until = Clock::now() + wait;
+  while (true) {
+    bool settled = true;
+    for (int peer = 0; peer < size_; ++peer) {
+      auto i = static_cast<size_t>(peer);
+      if (present[i] || ended[i]) continue;
+      if (keys.has(strCat("alive/", peer)).value_or(false)) {
+        present[i] = 1;
+      } else if (peerProcessEnded(peer)) {
+        ended[i] = 1;
+      } else {
+        settled = false;
+      }
+    }
+    if (settled || Clock::now() >= until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::string proposal;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (!present[static_cast<size_t>(peer)]) proposal += strCat(proposal.empty() ? "" : ",", peer);
+  }
+  const std::string decided = keys.compareSet("decision", "", proposal.empty() ? "none" : proposal);
+  std::vector<int> failed;
+  if (decided != "none") {
+    std::istringstream items(decided);
+    for (std::string item; std::getline(items, item, ',');) failed.push_back(std::stoi(item));
+  }
+  if (std::find(failed.begin(), failed.end(), rank_) != failed.end()) {
+    throwDistError(ctx, strCat("the other ranks declared this rank failed (failed_ranks call #", round, ": ", decided,
+                               "): it called failed_ranks after their wait ended"),
+                   "this rank should leave the job (the survivors may shrink the group without it); give failed_ranks "
+                   "a longer wait on every rank if live ranks are slow to notice a failure");
+  }
+  return failed;
 }
 
 #if DDPLITE_TORCH_HAS_SHRINK

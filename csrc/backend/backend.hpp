@@ -142,6 +142,14 @@ class DdpliteBackend final : public c10d::Backend {
   bool supportsSplitting() const override { return true; }
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& opts) override;
+  // torch_ddp_lite.failed_ranks: the ranks of this group that are gone (dead or stuck), the same
+  // sorted list on every rank that calls it. Each caller publishes "alive" under
+  // "failed-ranks/<n>/" (n counting this group's calls) and waits until every rank has either
+  // published or is known dead (a rank on this host whose process has ended: pidfd), at most
+  // `wait`; it then proposes the ranks that have not published, and the store's compareSet keeps
+  // the first proposal, which every caller returns. A caller named in it raises DistBackendError
+  // (the others declared it failed). Caller's thread; store requests only.
+  std::vector<int> failedRanks(std::chrono::milliseconds wait);
 #if DDPLITE_TORCH_HAS_SHRINK
   // torch's shrink_group: a new ddplite group of this group's ranks but `excluded`, called by
   // every survivor and by no excluded rank (they may be dead). The survivors first agree through
@@ -274,6 +282,9 @@ class DdpliteBackend final : public c10d::Backend {
   // In a forked child (not creatorPid_): let go of every member that owns threads, sockets or
   // segments without running its destructor; true when it did. Any thread.
   bool abandonInForkedChild();
+  // Whether `peer`'s process is known to have ended: it shares this host (its identity, published
+  // at construction under "proc/<rank>") and its pid no longer runs. False when unknown.
+  bool peerProcessEnded(int peer);
   // shrink's agreement round (see shrink): returns the survivors, sorted.
   std::vector<int> agreeOnExclusion(const OpContext& ctx, uint64_t epoch, const std::vector<int>& excluded);
   // Raises DistBackendError for an op called in a forked child.
@@ -285,6 +296,7 @@ class DdpliteBackend final : public c10d::Backend {
   std::mutex splitMutex_;                  // guards the three below
   uint64_t splits_ = 0;                    // split_group calls so far
   uint64_t shrinks_ = 0;                   // shrink_group calls so far
+  std::atomic<uint64_t> failedRankRounds_{0};  // failed_ranks calls so far
   // torch's store of the last split() call (held, so that no later call's store reuses its
   // address), and the group it made on this rank.
   c10::intrusive_ptr<c10d::Store> lastSplitStore_;

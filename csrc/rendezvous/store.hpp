@@ -37,6 +37,9 @@ class StoreRendezvous {
   std::vector<std::string> gatherAll(const std::string& key, int size, const std::string& waitingFor);
   std::vector<std::string> allGather(const std::string& key, int rank, int size, const std::string& value,
                                      const std::string& waitingFor);
+  // Store::compareSet: sets `desired` if the key holds `expected` ("" for absent) and returns the
+  // value the key holds afterwards: with expected "", the first caller's value, for every caller.
+  std::string compareSet(const std::string& key, const std::string& expected, const std::string& desired);
   // Whether the key exists, without waiting; nothing when the store cannot be reached.
   std::optional<bool> has(const std::string& key);
   // Store::add (creates the counter at 0): the value after adding.

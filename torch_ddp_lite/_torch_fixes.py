@@ -1,0 +1,39 @@
+"""Work-arounds for torch behaviour that breaks ddplite groups, each applied only where needed.
+
+torch 2.11's ``shrink_group`` registers the shrunk group's backend under the GLOO backend type
+(CPU) or NCCL (CUDA), whatever the backend is (``distributed_c10d._create_shrunk_process_group``).
+DistributedDataParallel's C++ logger then takes a group whose type name is "gloo" for
+ProcessGroupGloo (a static_cast, ``Logger::set_env_variables``) and crashes on a ddplite backend.
+ddplite's shrunk groups are re-registered under the CUSTOM type, as ``init_process_group``
+registers every third-party backend.
+"""
+
+import torch
+from torch.distributed import distributed_c10d as c10d
+
+
+def _is_ddplite(backend):
+    try:
+        return backend.name() == "ddplite"
+    except Exception:  # noqa: BLE001 - any other backend object
+        return False
+
+
+def register_shrunk_groups_as_custom():
+    """Wraps ``_create_shrunk_process_group`` once (a no-op where torch has no shrink_group)."""
+    original = getattr(c10d, "_create_shrunk_process_group", None)
+    if original is None or getattr(original, "_ddplite_wrapped", False):
+        return
+
+    def create_shrunk_process_group(new_backend, remaining_ranks, metadata, is_default_group):
+        group = original(new_backend, remaining_ranks, metadata, is_default_group)
+        if _is_ddplite(new_backend):
+            custom = c10d.ProcessGroup.BackendType.CUSTOM
+            devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+            for device in devices:
+                group._register_backend(device, custom, new_backend)
+            group._set_default_backend(custom)
+        return group
+
+    create_shrunk_process_group._ddplite_wrapped = True
+    c10d._create_shrunk_process_group = create_shrunk_process_group
