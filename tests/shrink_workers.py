@@ -79,14 +79,14 @@ def shrink_with_disagreeing_lists(rank, world_size):
 
 
 def failed_ranks_when_all_live_and_with_a_late_caller(rank, world_size):
-    """Round 1: every rank calls at once: nobody failed. Round 2: the last rank calls 2 s late while
-    the others wait at most 0.5 s: they agree it failed, and it raises when it calls."""
+    """Round 1: every rank calls at once: nobody failed. Round 2: the last rank calls 4.5 s late while
+    the others wait at most 2 s: they agree it failed, and it raises when it calls."""
     everyone = torch_ddp_lite.failed_ranks(wait=5.0)
     late = world_size - 1
     if rank == late:
-        time.sleep(2.0)
+        time.sleep(4.5)
     try:
-        second = torch_ddp_lite.failed_ranks(wait=0.5)
+        second = torch_ddp_lite.failed_ranks(wait=2.0)
     except Exception as error:  # noqa: BLE001
         second = (type(error).__name__, str(error))
     return {"everyone": everyone, "second": second}

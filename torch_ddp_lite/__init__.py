@@ -159,7 +159,10 @@ def failed_ranks(group=None, wait=2.0):
     agent hosts it; under ``env://`` rank 0 does)."""
     import torch
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
+    if group is not None and c10d._rank_not_in_group(group):
+        raise ValueError("this rank is not a member of that group")
     group = dist.group.WORLD if group is None else group
     try:
         backend = group._get_backend(torch.device("cpu"))

@@ -25,8 +25,8 @@ def register_shrunk_groups_as_custom():
     if original is None or getattr(original, "_ddplite_wrapped", False):
         return
 
-    def create_shrunk_process_group(new_backend, remaining_ranks, metadata, is_default_group):
-        group = original(new_backend, remaining_ranks, metadata, is_default_group)
+    def create_shrunk_process_group(new_backend, *args, **kwargs):
+        group = original(new_backend, *args, **kwargs)
         if _is_ddplite(new_backend):
             custom = c10d.ProcessGroup.BackendType.CUSTOM
             devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])

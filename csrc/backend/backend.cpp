@@ -196,6 +196,15 @@ std::exception_ptr p2pFailure(const OpContext& ctx, std::exception_ptr error, co
 }  // namespace
 
 namespace {
+// This host (ShmSegment::hostIdentity) and this process's PID namespace.
+std::string processNamespaceIdentity() {
+  char pidns[64] = {};
+  const ssize_t n = readlink("/proc/self/ns/pid", pidns, sizeof(pidns) - 1);
+  return strCat(cpu::ShmSegment::hostIdentity(), " pidns ", n > 0 ? std::string(pidns, static_cast<size_t>(n)) : "?");
+}
+}  // namespace
+
+namespace {
 // A store that outlives a run (a persistent store handed to init_process_group again, a file://
 // path not deleted) still holds the earlier run's keys: addresses of listeners that are gone, an
 // NCCL unique id. Each run of a group therefore works under "ddplite/size<N>/run<k>/", k counted by
@@ -236,7 +245,7 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
                                       [this](std::chrono::milliseconds t) { return resolveTimeout(t); }, timing_});
   if (size > 1) arrivals_ = std::make_unique<ArrivalRecorder>(rendezvous_, rank, size);
-  if (size > 1) rendezvous_.set(strCat("proc/", rank), strCat(getpid(), " ", cpu::ShmSegment::hostIdentity()));
+  if (size > 1) rendezvous_.set(strCat("proc/", rank), strCat(getpid(), " ", processNamespaceIdentity()));
   if (trace.name.empty()) trace.name = "0";
   if (trace.desc.empty()) trace.desc = "undefined";
   if (static_cast<int>(trace.globalRanks.size()) != size) {
@@ -1190,6 +1199,7 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::split(const c10::intrusive_ptr
                                                         const std::vector<int>& ranks,
                                                         const c10::intrusive_ptr<Options>& opts) {
   const OpContext ctx{rank_, size_, "split_group", seq_.load()};
+  refuseInForkedChild(ctx);
   std::lock_guard<std::mutex> lock(splitMutex_);
   // The number comes first, so that a split this rank refuses still uses one, as on its peers.
   if (store && lastSplitStore_.get() == store.get()) {  // the other device type's call of one split_group
@@ -1244,7 +1254,8 @@ bool DdpliteBackend::peerProcessEnded(int peer) {
   if (!published || !*published) return false;
   const std::string identity = rendezvous_.get(strCat("proc/", peer), strCat("rank ", peer, "'s process"));
   const size_t space = identity.find(' ');
-  if (space == std::string::npos || identity.substr(space + 1) != cpu::ShmSegment::hostIdentity()) return false;
+  // Same host and the same PID namespace: only then does the pid mean the same process here.
+  if (space == std::string::npos || identity.substr(space + 1) != processNamespaceIdentity()) return false;
   const pid_t pid = static_cast<pid_t>(std::stol(identity.substr(0, space)));
 #ifdef SYS_pidfd_open
   const long fd = syscall(SYS_pidfd_open, pid, 0);
@@ -1260,9 +1271,19 @@ bool DdpliteBackend::peerProcessEnded(int peer) {
 
 std::vector<int> DdpliteBackend::failedRanks(std::chrono::milliseconds wait) {
   const OpContext ctx{rank_, size_, "failed_ranks", seq_.load()};
+  refuseInForkedChild(ctx);
   const uint64_t round = ++failedRankRounds_;
   StoreRendezvous keys = rendezvous_.prefixed(strCat("failed-ranks/", round, "/"));
-  keys.set(strCat("alive/", rank_), "1");
+  const auto storeFailed = [&](const std::exception& error) {
+    throwDistError(ctx, strCat("failed_ranks call #", round, ": the group's store could not be reached: ", error.what()),
+                   "the store must outlive the failed ranks: torchrun's agent hosts it; under env:// or tcp:// "
+                   "rank 0's process does, so rank 0's death takes it away");
+  };
+  try {
+    keys.set(strCat("alive/", rank_), "1");
+  } catch (const std::exception& error) {
+    storeFailed(error);
+  }
   std::vector<char> present(static_cast<size_t>(size_), 0);
   std::vector<char> ended(static_cast<size_t>(size_), 0);
   present[static_cast<size_t>(rank_)] = 1;
@@ -1287,7 +1308,12 @@ std::vector<int> DdpliteBackend::failedRanks(std::chrono::milliseconds wait) {
   for (int peer = 0; peer < size_; ++peer) {
     if (!present[static_cast<size_t>(peer)]) proposal += strCat(proposal.empty() ? "" : ",", peer);
   }
-  const std::string decided = keys.compareSet("decision", "", proposal.empty() ? "none" : proposal);
+  std::string decided;
+  try {
+    decided = keys.compareSet("decision", "", proposal.empty() ? "none" : proposal);
+  } catch (const std::exception& error) {
+    storeFailed(error);
+  }
   std::vector<int> failed;
   if (decided != "none") {
     std::istringstream items(decided);
@@ -1316,6 +1342,7 @@ std::string listOf(const std::vector<int>& ranks) {
 c10::intrusive_ptr<c10d::Backend> DdpliteBackend::shrink(const std::vector<int64_t>& excluded, int flags,
                                                          const c10::intrusive_ptr<Options>& opts) {
   const OpContext ctx{rank_, size_, "shrink_group", seq_.load()};
+  refuseInForkedChild(ctx);
   std::lock_guard<std::mutex> lock(splitMutex_);
   std::vector<int> gone(excluded.begin(), excluded.end());
   std::sort(gone.begin(), gone.end());
@@ -1354,20 +1381,36 @@ std::vector<int> DdpliteBackend::agreeOnExclusion(const OpContext& ctx, uint64_t
                                                   const std::vector<int>& excluded) {
   StoreRendezvous round = rendezvous_.prefixed(strCat("shrink/", epoch, "/excluded/"));
   const std::string mine = listOf(excluded);
-  round.set(std::to_string(rank_), mine);
+  const std::string hint = "the store must outlive the failed ranks: torchrun's agent hosts it; under env:// or "
+                           "tcp:// rank 0's process does";
+  try {
+    round.set(std::to_string(rank_), mine);
+  } catch (const std::exception& error) {
+    throwDistError(ctx, strCat("shrink #", epoch, ": the group's store could not be reached: ", error.what()), hint);
+  }
+  // Bounded by the group's timeout (not the store's, which may be the default group's 30 minutes).
+  const Deadline until = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
   std::vector<int> survivors;
   for (int r = 0; r < size_; ++r) {
     if (std::binary_search(excluded.begin(), excluded.end(), r)) continue;
     survivors.push_back(r);
     if (r == rank_) continue;
     std::string theirs;
+    while (!round.has(std::to_string(r)).value_or(false)) {
+      const char* why = nullptr;
+      if (peerProcessEnded(r)) why = "its process has ended";
+      if (why == nullptr && Clock::now() >= until) why = "the group's timeout passed";
+      if (why != nullptr) {
+        throwDistError(ctx, strCat("shrink #", epoch, " without ", mine, ": rank ", r, " did not join it (", why, ")"),
+                       strCat("rank ", r, " may have failed too, or does not call shrink_group: exclude it as well "
+                              "(torch_ddp_lite.failed_ranks() gives every survivor the same list)"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     try {
       theirs = round.get(std::to_string(r), strCat("rank ", r, "'s list of ranks to exclude in shrink #", epoch));
     } catch (const std::exception& error) {
-      throwDistError(ctx, strCat("shrink #", epoch, " without ", mine, ": rank ", r, " did not join it (", error.what(),
-                                 ")"),
-                     strCat("rank ", r, " may have failed too, or not call shrink_group: exclude it as well, or "
-                            "check that every surviving rank calls shrink_group with the same ranks"));
+      throwDistError(ctx, strCat("shrink #", epoch, ": the group's store could not be reached: ", error.what()), hint);
     }
     if (theirs != mine) {
       throwDistError(ctx, strCat("shrink #", epoch, ": rank ", rank_, " excludes ", mine, " but rank ", r,
@@ -1407,6 +1450,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::endCoalescing() {
 
 void DdpliteBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
   const OpContext ctx{rank_, size_, "monitored_barrier", ++monitoredBarriers_};
+  refuseInForkedChild(ctx);
   const std::chrono::milliseconds groupTimeout(timeoutMs_.load());
   const auto timeout = opts.timeout == c10d::kUnsetTimeout ? groupTimeout : opts.timeout;
   if (timeout.count() < 0) {

@@ -154,9 +154,9 @@ class DdpliteBackend final : public c10d::Backend {
   // torch's shrink_group: a new ddplite group of this group's ranks but `excluded`, called by
   // every survivor and by no excluded rank (they may be dead). The survivors first agree through
   // the store (which torchrun's agent, or the user, hosts) on the list: each publishes its own
-  // under "ddplite-shrink/<n>/excluded/<rank>" and reads every other survivor's, n counting this
-  // group's shrinks; a survivor with another list, or one that never publishes within the group's
-  // timeout, raises DistBackendError naming it. The new group then connects afresh under
+  // under "shrink/<n>/excluded/<rank>" (in the group's keys) and reads every other survivor's, n
+  // counting this group's shrinks; a survivor with another list, or one that does not publish
+  // within the group's timeout (or whose process has ended), raises DistBackendError naming it. The new group then connects afresh under
   // "ddplite-shrink/<n>/" (new sockets and segment: nothing of this group's streams can reach it).
   // `flags` & SHRINK_ABORT (1): this group's pending ops are aborted first. CUDA: the new group
   // makes its own NCCL communicator when it first meets a CUDA tensor. Caller's thread.

@@ -73,15 +73,9 @@ std::vector<std::string> StoreRendezvous::allGather(const std::string& key, int 
 
 std::string StoreRendezvous::compareSet(const std::string& key, const std::string& expected,
                                         const std::string& desired) {
-  try {
-    auto bytes = store_->compareSet(kNamespace + prefix_ + key, std::vector<uint8_t>(expected.begin(), expected.end()),
-                                    std::vector<uint8_t>(desired.begin(), desired.end()));
-    return std::string(bytes.begin(), bytes.end());
-  } catch (const std::exception& error) {
-    throwDistError(strCat("the store could not be reached to settle '", key, "': ", error.what()),
-                   "the store (MASTER_ADDR:MASTER_PORT, torchrun's agent, or the file:// path) must outlive the "
-                   "failed ranks");
-  }
+  auto bytes = store_->compareSet(kNamespace + prefix_ + key, std::vector<uint8_t>(expected.begin(), expected.end()),
+                                  std::vector<uint8_t>(desired.begin(), desired.end()));
+  return std::string(bytes.begin(), bytes.end());
 }
 
 std::optional<bool> StoreRendezvous::has(const std::string& key) {

@@ -39,6 +39,7 @@ class StoreRendezvous {
                                      const std::string& waitingFor);
   // Store::compareSet: sets `desired` if the key holds `expected` ("" for absent) and returns the
   // value the key holds afterwards: with expected "", the first caller's value, for every caller.
+  // Store errors propagate as the store raised them (the caller names its op).
   std::string compareSet(const std::string& key, const std::string& expected, const std::string& desired);
   // Whether the key exists, without waiting; nothing when the store cannot be reached.
   std::optional<bool> has(const std::string& key);

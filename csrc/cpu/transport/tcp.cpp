@@ -477,10 +477,21 @@ void TcpTransport::throwImpostor(const MeshSetup& setup, int peer, const std::st
 // ranks waiting for this one quote it, and throws.
 int TcpTransport::connectToLowerRank(const MeshSetup& setup, int peer, const std::string& peerAddress) {
   const net::Endpoint target = parseAddress(peerAddress, setup.rank, setup.scope);
+  Deadline nextFailureCheck = Clock::now() + kFailureCheckInterval;
   while (true) {
     int error = 0;
     const int fd = tryConnect(setup, peer, target, &error);
     if (fd >= 0) return fd;
+    // A rank whose set-up failed (its listener may be closed: refused) will not accept: say so now.
+    if (!setup.failureRecordedBefore && Clock::now() >= nextFailureCheck) {
+      nextFailureCheck = Clock::now() + kFailureCheckInterval;
+      if (auto report = setup.rendezvous.recordedFailure()) {
+        setup.rendezvous.countFailureRead();
+        throwDistError(strCat("rank ", setup.rank, " gave up connecting to rank ", peer, " at ", peerAddress, " (",
+                              std::strerror(error), "): a rank's set-up failed; first failure reported: ", *report),
+                       unreachableHint());
+      }
+    }
     const std::string mismatch = familyMismatch(setup.rank, setup.myAddress, net::literalFamily(setup.host), peer,
                                                 peerAddress, target.family());
     // The peer published the other family and this host has no address or route in it: retrying
