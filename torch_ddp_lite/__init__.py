@@ -124,14 +124,9 @@ def set_algorithms(spec):
     _load_extension().set_algorithm_pins(spec)
 
 
-def cpu_path(group=None):
-    """``(path, reason)`` for the CPU collectives of a ddplite process group (the default group
-    when ``group`` is None): path is ``"shm"``, ``"tcp"``, ``"mpi"`` or ``"hierarchical"`` (a group
-    across hosts: all_reduce through shared memory inside each host, TCP between them); reason
-    says why, e.g.
-    ``"DDPLITE_CPU_TRANSPORT=auto, and all 2 ranks share this host"``. Raises ValueError for a
-    group whose CPU backend is not ddplite."""
-    import torch
+def _call_on_cpu_backend(group, call):
+    """``call(extension, backend)`` on the ddplite CPU backend of ``group`` (the default group when
+    None); ValueError when the group has no CPU backend or it is not ddplite's."""
     import torch.distributed as dist
 
     group = dist.group.WORLD if group is None else group
@@ -140,9 +135,19 @@ def cpu_path(group=None):
     except RuntimeError as error:
         raise ValueError(f"this group has no CPU backend: {error}") from None
     try:
-        return tuple(_load_extension().group_cpu_path(backend))
+        return call(_load_extension(), backend)
     except TypeError:
         raise ValueError(f"the group's CPU backend is {backend.name()}, not ddplite") from None
+
+
+def cpu_path(group=None):
+    """``(path, reason)`` for the CPU collectives of a ddplite process group (the default group
+    when ``group`` is None): path is ``"shm"``, ``"tcp"``, ``"mpi"`` or ``"hierarchical"`` (a group
+    across hosts: all_reduce through shared memory inside each host, TCP between them); reason
+    says why, e.g.
+    ``"DDPLITE_CPU_TRANSPORT=auto, and all 2 ranks share this host"``. Raises ValueError for a
+    group whose CPU backend is not ddplite."""
+    return tuple(_call_on_cpu_backend(group, lambda extension, backend: extension.group_cpu_path(backend)))
 
 
 def failed_ranks(group=None, wait=2.0):
@@ -157,21 +162,12 @@ def failed_ranks(group=None, wait=2.0):
     everyone's (the store settles it). A rank that calls after the others' wait ended is in that
     answer and raises ``DistBackendError``. The store must outlive the failed ranks (torchrun's
     agent hosts it; under ``env://`` rank 0 does)."""
-    import torch
-    import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
     if group is not None and c10d._rank_not_in_group(group):
         raise ValueError("this rank is not a member of that group")
-    group = dist.group.WORLD if group is None else group
-    try:
-        backend = group._get_backend(torch.device("cpu"))
-    except RuntimeError as error:
-        raise ValueError(f"this group has no CPU backend: {error}") from None
-    try:
-        return list(_load_extension().group_failed_ranks(backend, float(wait)))
-    except TypeError:
-        raise ValueError(f"the group's CPU backend is {backend.name()}, not ddplite") from None
+    return list(_call_on_cpu_backend(
+        group, lambda extension, backend: extension.group_failed_ranks(backend, float(wait))))
 
 
 def dump_flight_recorder(path=None):
