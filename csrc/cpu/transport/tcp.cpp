@@ -488,7 +488,8 @@ int TcpTransport::connectToLowerRank(const MeshSetup& setup, int peer, const std
       if (auto report = setup.rendezvous.recordedFailure()) {
         setup.rendezvous.countFailureRead();
         throwDistError(strCat("rank ", setup.rank, " gave up connecting to rank ", peer, " at ", peerAddress, " (",
-                              std::strerror(error), "): a rank's set-up failed; first failure reported: ", *report),
+                              std::strerror(error), "; rank ", setup.rank, " listens on ", setup.myAddress, ", ",
+                              setup.why, "): a rank's set-up failed; first failure reported: ", *report),
                        unreachableHint());
       }
     }
