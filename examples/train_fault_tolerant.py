@@ -16,6 +16,18 @@ an OOM kill. The others:
 --checkpoint-at-shrink PATH saves the state the survivors carry on from; --resume PATH starts a
 fresh run (of --nproc ranks) from such a file. A 3-rank run resumed from the checkpoint of a 4-rank
 run that lost a rank ends with bitwise the same parameters (tests/test_fault_tolerant_example.py).
+
+    python examples/train_fault_tolerant.py --torchft --replicas 2 --kill-replica 1 --kill-at-step 6
+
+--torchft runs the job as torchft replica groups instead (pip install torchft): this process hosts
+torchft's lighthouse and starts --replicas replica groups of one rank each, whose collectives run on
+torch_ddp_lite.torchft.ProcessGroupDdplite. Replica --kill-replica SIGKILLs itself at step
+--kill-at-step; the launcher restarts it, as a per-replica torchrun --max-restarts would. The live
+replica drops that step (its all_reduce raised), goes on alone while at least --min-replicas replicas
+are in the quorum, and the restarted one heals: torchft's Manager copies a live replica's state into
+it, and the two train on together. At the end every replica holds bitwise the same parameters.
+With --min-replicas 2 the live replica waits for the restarted one instead, and the job ends with the
+parameters of a run without the kill.
 """
 
 import argparse
@@ -44,7 +56,20 @@ def parse_args():
     parser.add_argument("--checkpoint-at-shrink", metavar="PATH", help="the new rank 0 saves the state it resumes from")
     parser.add_argument("--resume", metavar="PATH", help="start from a --checkpoint-at-shrink file")
     parser.add_argument("--save-params", metavar="PATH", help="the final rank 0 writes the final parameters here")
+    parser.add_argument("--torchft", action="store_true", help="run as torchft replica groups (see above)")
+    parser.add_argument("--replicas", type=int, default=2, help="--torchft: replica groups to start")
+    parser.add_argument("--min-replicas", type=int, default=1, help="--torchft: smallest quorum that trains")
+    parser.add_argument("--steps", type=int, default=40, help="--torchft: steps to train")
+    parser.add_argument("--kill-replica", type=int, default=-1, help="--torchft: this replica SIGKILLs itself")
+    parser.add_argument("--min-step-seconds", type=float, default=0.25,
+                        help="--torchft: pads each step to this long, as a real model's step would take (so that a "
+                             "restarted replica is back before the job ends)")
+    parser.add_argument("--process-group", choices=["ddplite", "gloo"], default="ddplite",
+                        help="--torchft: ProcessGroupDdplite, or torchft's own ProcessGroupGloo (an oracle)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--replica-id", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--lighthouse", help=argparse.SUPPRESS)
+    parser.add_argument("--restarted", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -149,9 +174,130 @@ def launch(args):
     return 0 if lost == expected_lost else 1
 
 
+def replica_batch(data, args, replica, step):
+    """Replica ``replica``'s batch at ``step``: a function of the step alone, so that a step the
+    quorum dropped is retried on the same data, and a healed replica takes the step its peers take."""
+    generator = torch.Generator().manual_seed(args.seed * 1_000_003 + step * 1009 + replica)
+    indices = torch.randint(0, len(data), (args.batch_size,), generator=generator)
+    return data[indices]
+
+
+def make_torchft_process_group(args, timeout):
+    if args.process_group == "gloo":
+        from torchft.process_group import ProcessGroupGloo
+
+        return ProcessGroupGloo(timeout=timeout)
+    from torch_ddp_lite.torchft import ProcessGroupDdplite
+
+    return ProcessGroupDdplite(timeout=timeout)
+
+
+def train_torchft(args):
+    """One replica group of one rank: torchft's Manager, DistributedDataParallel and optimizer
+    wrapper around the same model as the shrink mode; the step counter is the Manager's."""
+    from datetime import timedelta
+
+    from torchft import Manager
+    from torchft.ddp import DistributedDataParallel as FaultTolerantDDP
+    from torchft.optim import OptimizerWrapper
+
+    torch.set_num_threads(1)
+    replica = args.replica_id
+    data = dataset(args.samples, args.seed)
+    module = make_model(args.seed)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
+    # The replica group's own store (a group of one rank here); torchft prefixes it per quorum.
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    manager = Manager(
+        pg=make_torchft_process_group(args, timedelta(seconds=10)),
+        min_replica_size=args.min_replicas,
+        load_state_dict=lambda state: (module.load_state_dict(state["model"]),
+                                       optimizer.load_state_dict(state["optimizer"])),
+        state_dict=lambda: {"model": module.state_dict(), "optimizer": optimizer.state_dict()},
+        replica_id=f"replica_{replica}",
+        store_addr="127.0.0.1", store_port=store.port, rank=0, world_size=1,
+        lighthouse_addr=args.lighthouse,
+        timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=60),
+    )
+    if not args.restarted:  # the first quorum has every replica (as a scheduler starts a job's replicas together)
+        start_line = dist.TCPStore("127.0.0.1", int(os.environ["DDPLITE_EXAMPLE_START_PORT"]), is_master=False)
+        if start_line.add("ready", 1) == args.replicas:
+            start_line.set("ready/all", "1")
+        start_line.wait(["ready/all"])
+    model = FaultTolerantDDP(manager, module)
+    wrapped = OptimizerWrapper(manager, optimizer)
+    loss_fn = nn.CrossEntropyLoss()
+    while manager.current_step() < args.steps:
+        step = manager.current_step()
+        began = time.monotonic()
+        images, labels = replica_batch(data, args, replica, step)
+        wrapped.zero_grad()  # starts this step's quorum
+        loss = loss_fn(model(images), labels)
+        if replica == args.kill_replica and step == args.kill_at_step and not args.restarted:
+            manager.wait_quorum()  # dies inside the quorum: the others' all_reduce of this step fails
+            os.kill(os.getpid(), signal.SIGKILL)
+        loss.backward()
+        time.sleep(max(0.0, args.min_step_seconds - (time.monotonic() - began)))
+        wrapped.step()  # commits only if every replica in the quorum reduced this step's gradients
+        committed = manager.current_step() > step
+        outcome = "committed" if committed else "not committed (a replica failed, or too few in the quorum): retried"
+        if committed and manager.current_step() > step + 1:
+            outcome = f"healed from a live replica, now at step {manager.current_step()}"
+        sys.stdout.write(f"replica {replica} step {step}: loss {loss.item():.4f}, {manager.num_participants()} "
+                         f"replica(s) in the quorum, {outcome}\n")  # one write: replicas share the terminal
+        sys.stdout.flush()
+    if args.save_params:
+        torch.save([p.detach().clone() for p in module.parameters()], f"{args.save_params}.replica{replica}")
+    manager.shutdown(wait=False)
+
+
+def launch_torchft(args):
+    """Hosts torchft's lighthouse, starts the replica groups and restarts a killed one once;
+    returns 0 when every replica finished and all hold bitwise the same parameters."""
+    from torchft._torchft import LighthouseServer
+
+    import tempfile
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=args.min_replicas, join_timeout_ms=1000,
+                                  heartbeat_timeout_ms=1000)
+    scratch = tempfile.TemporaryDirectory(prefix="ddplite-torchft-")
+    if not args.save_params:  # the replicas' parameters are compared at the end in any case
+        args.save_params = os.path.join(scratch.name, "params")
+        sys.argv += ["--save-params", args.save_params]
+    start_line = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = dict(os.environ, DDPLITE_EXAMPLE_START_PORT=str(start_line.port))
+    command = [sys.executable, os.path.abspath(__file__), "--worker", *sys.argv[1:],
+               "--lighthouse", lighthouse.address()]
+    started = time.monotonic()
+    replicas = {i: subprocess.Popen(command + ["--replica-id", str(i)], env=env) for i in range(args.replicas)}
+    codes, restarted = {}, set()
+    while len(codes) < args.replicas:
+        for replica, process in replicas.items():
+            code = process.poll()
+            if code is None or replica in codes:
+                continue
+            if code == -signal.SIGKILL and replica not in restarted:
+                print(f"launcher: replica {replica} was killed; restarting it", flush=True)
+                restarted.add(replica)
+                replicas[replica] = subprocess.Popen(command + ["--replica-id", str(replica), "--restarted"], env=env)
+            else:
+                codes[replica] = code
+        time.sleep(0.05)
+    lighthouse.shutdown()
+    agree = False
+    if all(code == 0 for code in codes.values()):
+        params = [torch.load(f"{args.save_params}.replica{i}", weights_only=True) for i in range(args.replicas)]
+        agree = all(torch.equal(a, b) for other in params[1:] for a, b in zip(params[0], other))
+        print(f"replicas hold bitwise the same parameters: {'yes' if agree else 'NO'}", flush=True)
+    scratch.cleanup()
+    print(f"done: exit codes {[codes[i] for i in range(args.replicas)]}, restarted {sorted(restarted)}, "
+          f"wall={time.monotonic() - started:.1f}s", flush=True)
+    return 0 if agree else 1
+
+
 if __name__ == "__main__":
     arguments = parse_args()
     if arguments.worker:
-        train(arguments)
+        train_torchft(arguments) if arguments.torchft else train(arguments)
     else:
-        sys.exit(launch(arguments))
+        sys.exit(launch_torchft(arguments) if arguments.torchft else launch(arguments))
