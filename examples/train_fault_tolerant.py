@@ -17,13 +17,22 @@ an OOM kill. The others:
 fresh run (of --nproc ranks) from such a file. A 3-rank run resumed from the checkpoint of a 4-rank
 run that lost a rank ends with bitwise the same parameters (tests/test_fault_tolerant_example.py).
 
+The same training runs under torchrun, which ends every rank when one dies and, with
+--max-restarts, starts them all again; --checkpoint makes rank 0 save after every step and a started
+run resume from that file (scripts/recovery_cost.py compares the two ways on this job):
+
+    torchrun --standalone --nproc-per-node 4 --max-restarts 1 examples/train_fault_tolerant.py \
+        --worker --kill-rank 2 --kill-at-step 6 --checkpoint /tmp/every_step.pt
+
+--loader-workers N gives each rank N forked DataLoader workers, alive when a rank dies.
+
     python examples/train_fault_tolerant.py --torchft --replicas 2 --kill-replica 1 --kill-at-step 6
 
 --torchft runs the job as torchft replica groups instead (pip install torchft): this process hosts
 torchft's lighthouse and starts --replicas replica groups of one rank each, whose collectives run on
 torch_ddp_lite.torchft.ProcessGroupDdplite. Replica --kill-replica SIGKILLs itself at step
 --kill-at-step; the launcher restarts it, as a per-replica torchrun --max-restarts would. The live
-replica drops that step (its all_reduce raised), goes on alone while at least --min-replicas replicas
+replica drops that step (its all_reduce failed), goes on alone while at least --min-replicas replicas
 are in the quorum, and the restarted one heals: torchft's Manager copies a live replica's state into
 it, and the two train on together. At the end every replica holds bitwise the same parameters.
 With --min-replicas 2 the live replica waits for the restarted one instead, and the job ends with the
@@ -56,6 +65,13 @@ def parse_args():
     parser.add_argument("--checkpoint-at-shrink", metavar="PATH", help="the new rank 0 saves the state it resumes from")
     parser.add_argument("--resume", metavar="PATH", help="start from a --checkpoint-at-shrink file")
     parser.add_argument("--save-params", metavar="PATH", help="the final rank 0 writes the final parameters here")
+    parser.add_argument("--checkpoint", metavar="PATH",
+                        help="rank 0 saves the state after every step; a (re)started run resumes from it if it exists "
+                             "(for torchrun --max-restarts: scripts/recovery_cost.py)")
+    parser.add_argument("--loader-workers", type=int, default=0,
+                        help="DataLoader worker processes per rank (forked, kept alive for the epoch)")
+    parser.add_argument("--report-times", action="store_true",
+                        help="print the kill's and each rank's first step after it as wall-clock times")
     parser.add_argument("--torchft", action="store_true", help="run as torchft replica groups (see above)")
     parser.add_argument("--replicas", type=int, default=2, help="--torchft: replica groups to start")
     parser.add_argument("--min-replicas", type=int, default=1, help="--torchft: smallest quorum that trains")
@@ -91,7 +107,16 @@ def loader_for(data, args, epoch):
     sampler = DistributedSampler(data, num_replicas=dist.get_world_size(), rank=dist.get_rank(), shuffle=True,
                                  seed=args.seed, drop_last=True)
     sampler.set_epoch(epoch)
-    return DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    return DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True,
+                      num_workers=args.loader_workers, persistent_workers=args.loader_workers > 0,
+                      multiprocessing_context="fork" if args.loader_workers > 0 else None)
+
+
+def save_checkpoint(path, module, optimizer, epoch, step, global_step):
+    """Written whole or not at all (a rename), so a kill mid-save leaves the previous one."""
+    torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "step": step,
+                "global_step": global_step}, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
 
 
 def recover(model, optimizer, args, epoch, step, global_step, error, started):
@@ -107,8 +132,7 @@ def recover(model, optimizer, args, epoch, step, global_step, error, started):
           f"{noticed:.2f} s); carrying on as rank {dist.get_rank()}/{dist.get_world_size()} "
           f"{time.monotonic() - started:.2f} s after the step began", flush=True)
     if args.checkpoint_at_shrink and dist.get_rank() == 0:
-        torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
-                    "step": step, "global_step": global_step}, args.checkpoint_at_shrink)
+        save_checkpoint(args.checkpoint_at_shrink, model.module, optimizer, epoch, step, global_step)
     return DistributedDataParallel(model.module)
 
 
@@ -124,19 +148,25 @@ def train(args):
     module = make_model(args.seed)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
     epoch, first_step, global_step = 0, 0, 0
-    if args.resume:
-        state = torch.load(args.resume, weights_only=True)
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # torchrun's attempt number
+    resume = args.resume or (args.checkpoint if args.checkpoint and os.path.exists(args.checkpoint) else None)
+    recovering = restarts > 0  # report the first step of a restarted run
+    if resume:
+        state = torch.load(resume, weights_only=True)
         module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         epoch, first_step, global_step = state["epoch"], state["step"], state["global_step"]
     model = DistributedDataParallel(module)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn, loss = nn.CrossEntropyLoss(), None
     while epoch < args.epochs:
         step = first_step
-        batches = list(loader_for(data, args, epoch))
+        loader = loader_for(data, args, epoch)  # kept: its workers live for the epoch
+        batches = list(loader)
         while step < len(batches):
             images, labels = batches[step]
-            if rank == args.kill_rank and global_step == args.kill_at_step:
+            if rank == args.kill_rank and global_step == args.kill_at_step and restarts == 0:
+                if args.report_times:
+                    print(f"rank {rank}: SIGKILL at t={time.time():.3f}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             started = time.monotonic()
             try:
@@ -145,13 +175,19 @@ def train(args):
                 loss.backward()
             except dist.DistBackendError as error:
                 model = recover(model, optimizer, args, epoch, step, global_step, error, started)
-                batches = list(loader_for(data, args, epoch))  # re-sharded over the survivors
+                loader = loader_for(data, args, epoch)  # re-sharded over the survivors
+                batches, recovering = list(loader), True
                 continue  # the same step again, on the survivors' shards
             optimizer.step()
             step += 1
             global_step += 1
+            if args.checkpoint and dist.get_rank() == 0:
+                save_checkpoint(args.checkpoint, model.module, optimizer, epoch, step, global_step)
+            if recovering and args.report_times:
+                print(f"rank {rank}: first step after the failure done at t={time.time():.3f}", flush=True)
+            recovering = False
         epoch, first_step = epoch + 1, 0
-        if dist.get_rank() == 0:
+        if dist.get_rank() == 0 and loss is not None:
             print(f"epoch {epoch}: loss {loss.item():.4f} on {dist.get_world_size()} ranks", flush=True)
     if args.save_params and dist.get_rank() == 0:
         torch.save([p.detach().clone() for p in model.module.parameters()], args.save_params)

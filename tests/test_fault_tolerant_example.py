@@ -37,3 +37,30 @@ def test_survivors_shrink_finish_and_match_a_fresh_run_from_the_same_state(tmp_p
     assert len(ours) == len(theirs) == 4
     for a, b in zip(ours, theirs):
         assert torch.equal(a, b), (a - b).abs().max()
+
+
+def test_torchrun_restart_from_the_checkpoint_ends_as_a_run_without_the_kill(tmp_path):
+    """The other way (the cost beside shrink: scripts/recovery_cost.py): under torchrun
+    --max-restarts 1 the kill ends every rank, torchrun starts all 4 again, and they resume from the
+    checkpoint rank 0 wrote after step 5, with forked DataLoader workers alive at the kill. Resuming
+    loses nothing, so the parameters equal those of a 4-rank run without the kill, bitwise."""
+    job = [EXAMPLE, "--worker", "--epochs", "1", "--loader-workers", "2", "--report-times"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                "--max-restarts", "1"]
+    restarted = run_in_own_session(torchrun + job + ["--kill-rank", "2", "--kill-at-step", "6", "--checkpoint",
+                                                     str(tmp_path / "every_step.pt"),
+                                                     "--save-params", str(tmp_path / "restarted.pt")], timeout=300)
+    output = restarted.stdout + restarted.stderr[-4000:]
+    assert restarted.returncode == 0, output
+    assert "rank 2: SIGKILL at t=" in restarted.stdout, output
+    back = [line for line in restarted.stdout.splitlines() if "first step after the failure done" in line]
+    assert sorted(line.split(":")[0] for line in back) == [f"rank {r}" for r in range(4)], output
+    assert "epoch 1: loss" in restarted.stdout and "on 4 ranks" in restarted.stdout, output
+    uninterrupted = run_in_own_session(torchrun + job + ["--save-params", str(tmp_path / "uninterrupted.pt")],
+                                       timeout=300)
+    assert uninterrupted.returncode == 0, uninterrupted.stdout + uninterrupted.stderr[-4000:]
+    ours = torch.load(tmp_path / "restarted.pt", weights_only=True)
+    theirs = torch.load(tmp_path / "uninterrupted.pt", weights_only=True)
+    assert len(ours) == len(theirs) == 4
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b), (a - b).abs().max()
