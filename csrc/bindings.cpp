@@ -128,6 +128,17 @@ void bindNcclRules(py::module_ m) {
       py::arg("sorted_members"), py::arg("parent_rank"), py::arg("no_color"),
       "(color, key) this rank passes to ncclCommSplit in a split_group.");
   m.def(
+      "shrink_plan",
+      [](bool builtWithShrink, const std::tuple<int, int, int>& loaded, bool parentUsable, bool abortPending) {
+        const auto [major, minor, patch] = loaded;
+        const rules::ShrinkPlan plan = rules::shrinkPlan(builtWithShrink, rules::Version{major, minor, patch},
+                                                         parentUsable, abortPending);
+        return py::make_tuple(plan.how == rules::ShrinkComm::kShrinkParent ? "shrink parent" : "new communicator",
+                              plan.ncclFlags, plan.why);
+      },
+      py::arg("built_with_shrink"), py::arg("loaded_version"), py::arg("parent_usable"), py::arg("abort_pending"),
+      "(how, ncclCommShrink flags, why): how a shrunk group gets its communicator on a device.");
+  m.def(
       "teardown_for",
       [](const std::string& cause, bool broken) {
         const rules::TeardownCause c = cause == "shutdown" ? rules::TeardownCause::kShutdown

@@ -149,6 +149,7 @@ def train(args):
     optimizer = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
     epoch, first_step, global_step = 0, 0, 0
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # torchrun's attempt number
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
     resume = args.resume or (args.checkpoint if args.checkpoint and os.path.exists(args.checkpoint) else None)
     recovering = restarts > 0  # report the first step of a restarted run
     if resume:
@@ -174,6 +175,8 @@ def train(args):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
             except dist.DistBackendError as error:
+                if under_torchrun:
+                    raise  # torchrun ends every rank and (--max-restarts) starts them again: no shrink
                 model = recover(model, optimizer, args, epoch, step, global_step, error, started)
                 loader = loader_for(data, args, epoch)  # re-sharded over the survivors
                 batches, recovering = list(loader), True
@@ -256,7 +259,8 @@ def train_torchft(args):
         timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=60),
     )
     if not args.restarted:  # the first quorum has every replica (as a scheduler starts a job's replicas together)
-        start_line = dist.TCPStore("127.0.0.1", int(os.environ["DDPLITE_EXAMPLE_START_PORT"]), is_master=False)
+        start_line = dist.TCPStore("127.0.0.1", int(os.environ["DDPLITE_EXAMPLE_START_PORT"]), is_master=False,
+                                   timeout=timedelta(seconds=60))
         if start_line.add("ready", 1) == args.replicas:
             start_line.set("ready/all", "1")
         start_line.wait(["ready/all"])
@@ -294,7 +298,9 @@ def launch_torchft(args):
 
     import tempfile
 
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=args.min_replicas, join_timeout_ms=1000,
+    # join_timeout: how long a quorum waits for a replica that heartbeats but has not asked to join
+    # (one starting up); heartbeat_timeout: how soon a dead one is left out.
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=args.min_replicas, join_timeout_ms=3000,
                                   heartbeat_timeout_ms=1000)
     scratch = tempfile.TemporaryDirectory(prefix="ddplite-torchft-")
     if not args.save_params:  # the replicas' parameters are compared at the end in any case

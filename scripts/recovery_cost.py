@@ -42,7 +42,8 @@ def one_run(how, workers, folder):
     output = done.stdout + done.stderr
     kill = re.search(r"rank 2: SIGKILL at t=([\d.]+)", output)
     firsts = [float(t) for t in re.findall(r"rank \d+: first step after the failure done at t=([\d.]+)", output)]
-    if done.returncode != 0 or not kill or not firsts:
+    expected_back = 3 if how == "shrink" else 4  # a torchrun run must not have shrunk first
+    if done.returncode != 0 or not kill or len(firsts) != expected_back or (how != "shrink" and "lost rank(s)" in output):
         raise RuntimeError(f"{how} with {workers} workers failed (exit {done.returncode}):\n{output[-4000:]}")
     killed = float(kill.group(1))
     return {"first_rank_back_s": min(firsts) - killed, "last_rank_back_s": max(firsts) - killed,

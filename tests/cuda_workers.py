@@ -388,3 +388,30 @@ def eager_connect_and_split(rank, world_size):
     checks.same("parent after splits", t, torch.full((4,), float(world_size)))
     torch.cuda.synchronize()
     return checks.result()
+
+
+def shrink_after_exit(rank, world_size):
+    """shrink_group on a group whose CUDA communicator exists: the last rank leaves (it exits);
+    the others shrink without it (ncclCommShrink of the parent's communicator where NCCL is 2.27
+    or later, else a new one), and the shrunk group's CUDA all_reduce gives the survivors' sum."""
+    import os
+
+    import torch_ddp_lite  # noqa: F401  (registers ddplite's shrunk groups as custom)
+
+    device = take_gpu(rank)
+    checks = Checks(rank)
+    t = torch.full((1000,), float(rank + 1), device=device)
+    dist.all_reduce(t)  # the parent's communicator on this GPU
+    torch.cuda.synchronize()
+    checks.same("parent", t, torch.full((1000,), float(world_size * (world_size + 1) // 2)))
+    dist.barrier()
+    leaving = world_size - 1
+    if rank == leaving:
+        os._exit(0)
+    dist.shrink_group([leaving])
+    t = torch.full((1000,), float(rank + 1), device=device)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    checks.same("shrunk", t, torch.full((1000,), float(leaving * (leaving + 1) // 2)))
+    checks.same("shrunk size", torch.tensor(dist.get_world_size()), torch.tensor(leaving))
+    return checks.result()

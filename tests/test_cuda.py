@@ -15,6 +15,7 @@ import re
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import cuda_workers
 import torch_ddp_lite
@@ -192,6 +193,16 @@ def test_watchdog_aborts_a_collective_a_peer_never_joins():
     assert results[0]["raised"] == "DistBackendError", results[0]
     assert "watchdog aborted the NCCL communicator" in results[0]["message"]
     assert "rank 0/2, allreduce #2" in results[0]["message"]
+
+
+@needs_two_gpus
+@pytest.mark.skipif(not hasattr(dist, "shrink_group"), reason="torch without shrink_group")
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_shrink_group_keeps_the_cuda_path_of_the_survivors(world_size):
+    if torch.cuda.device_count() < world_size:
+        pytest.skip(f"needs {world_size} GPUs")
+    results = run_ranks(cuda_workers.shrink_after_exit, world_size, timeout_s=300, may_exit={world_size - 1})
+    assert_clean([r for r in results if r is not None], minimum=3)
 
 
 # ---- GPU: the cases of the NCCL review (issue 14) --------------------------------------------

@@ -184,3 +184,18 @@ def test_each_run_on_a_reused_store_gets_its_own_keys_and_leaves_none(world_size
 def test_rules_are_in_every_build():
     """The CPU-only build has them too (setup.py compiles csrc/cuda/rules always)."""
     assert "nccl_rules" in dir(torch_ddp_lite._load_extension())
+
+
+# ---- shrink_group: ncclCommShrink or a new communicator ---------------------------------------
+
+@pytest.mark.parametrize("built,loaded,usable,abort,expected", [
+    (True, (2, 28, 3), True, False, ("shrink parent", 0)),      # NCCL_SHRINK_DEFAULT
+    (True, (2, 27, 0), True, True, ("shrink parent", 1)),       # SHRINK_ABORT -> NCCL_SHRINK_ABORT
+    (False, (2, 28, 3), True, False, ("new communicator", 0)),  # built against nccl.h < 2.27
+    (True, (2, 26, 5), True, False, ("new communicator", 0)),   # torch's libnccl < 2.27 at run time
+    (True, (3, 0, 0), True, False, ("shrink parent", 0)),
+    (True, (2, 28, 3), False, True, ("new communicator", 0)),   # parent aborted (watchdog) or failed
+])
+def test_shrink_plan(built, loaded, usable, abort, expected):
+    how, flags, why = rules.shrink_plan(built, loaded, usable, abort)
+    assert (how, flags) == expected and why

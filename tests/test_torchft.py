@@ -5,7 +5,6 @@ mode), with torchft's own ProcessGroupGloo as the oracle."""
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +15,7 @@ pytest.importorskip("torchft", reason="torchft is not installed (scripts/setup.s
 
 import torchft_workers  # noqa: E402
 from harness import run_ranks  # noqa: E402
+from test_example import run_in_own_session  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "train_fault_tolerant.py")
@@ -61,15 +61,18 @@ def test_every_collective_through_reconfigurations_and_a_dead_peer(world_size, t
         assert failure["noticed"] < 5, failure  # the dead peer is seen at once, not at the 30 s timeout
         print(f"{transport} {world_size} ranks, rank {victim} killed: rank {rank}'s all_reduce recorded "
               f"{name} after {failure['noticed']:.2f} s")
+        assert failure["future_value"] is None and failure["same_error_after_future"], failure
         assert failure["errored_after_configure"] is None, failure
+        assert failure["errored_after_stale_work"] is None, failure
+        assert failure["errored_after_abort"] == ("RuntimeError", "ddplite process group aborted"), failure
         _check_closed_forms(after, survivors.index(rank), len(survivors))
 
 
 def _run_example(tmp_path, name, *arguments):
     """Runs the example's --torchft launcher; returns (its output, replica 0's final parameters)."""
     params = tmp_path / name
-    completed = subprocess.run([sys.executable, EXAMPLE, "--torchft", "--save-params", str(params), *arguments],
-                               capture_output=True, text=True, timeout=240, cwd=ROOT)
+    completed = run_in_own_session([sys.executable, EXAMPLE, "--torchft", "--save-params", str(params), *arguments],
+                                   timeout=240)  # a timeout kills the replicas too
     output = completed.stdout + completed.stderr
     assert completed.returncode == 0, output[-6000:]
     assert "replicas hold bitwise the same parameters: yes" in completed.stdout, output[-6000:]
@@ -86,6 +89,7 @@ def test_manager_heals_a_restarted_replica_and_matches_torchft_gloo_bitwise(tmp_
     assert "launcher: replica 1 was killed; restarting it" in output, output
     assert re.search(r"replica 0 step 4: .*not committed", output), output
     assert re.search(r"replica 1 step 0: .*healed from a live replica, now at step \d+", output), output
+    assert len(params) == len(gloo_params) == 4
     assert all(torch.equal(a, b) for a, b in zip(params, gloo_params))
     assert re.search(r"replica 0 step 9: .*2 replica\(s\) in the quorum, committed", gloo_output), gloo_output
 
@@ -94,9 +98,11 @@ def test_training_goes_on_alone_while_the_killed_replica_restarts(tmp_path):
     """min 1 replica (the example's default): the live replica commits steps alone until the
     restarted one heals and joins; both end with bitwise the same parameters."""
     output, _ = _run_example(tmp_path, "alone", "--steps", "40", "--kill-replica", "1", "--kill-at-step", "4")
+    assert "launcher: replica 1 was killed; restarting it" in output, output
+    after_kill = output[output.index("launcher: replica 1 was killed"):]
     assert re.search(r"replica 0 step 4: .*not committed", output), output
-    alone = re.findall(r"replica 0 step (\d+): .*1 replica\(s\) in the quorum, committed", output)
+    alone = re.findall(r"replica 0 step (\d+): .*1 replica\(s\) in the quorum, committed", after_kill)
     assert len(alone) >= 2, output
-    healed = re.search(r"replica 1 step 0: .*healed from a live replica, now at step (\d+)", output)
+    healed = re.search(r"replica 1 step 0: .*healed from a live replica, now at step (\d+)", after_kill)
     assert healed and int(healed.group(1)) > 5, output
     assert re.search(r"replica 1 step 39: .*2 replica\(s\) in the quorum, committed", output), output

@@ -96,9 +96,19 @@ def reconfigured_rounds(rank, world_size, victim):
     error = pg.errored()
     failure = {"waited": waited, "noticed": time.monotonic() - started,
                "error": (type(error).__name__, str(error)) if error is not None else None}
+    # the future path: completes with None, the error kept (the first one, not replaced)
+    failure["future_value"] = work.get_future().wait()
+    failure["same_error_after_future"] = pg.errored() is error
     survivors = [r for r in range(world_size) if r != victim]
     pg.configure(_store_address(4), f"replica_{rank}", survivors.index(rank), len(survivors), quorum_id=4)
     failure["errored_after_configure"] = pg.errored()
+    # the old quorum's failed work, waited on again, must not mark the new quorum failed
+    work.wait()
+    work.get_future().wait()
+    failure["errored_after_stale_work"] = pg.errored()
     rounds.append(_collectives(pg, survivors.index(rank), len(survivors)))
+    pg.abort()  # errored=True: the group reports the abort
+    aborted = pg.errored()
+    failure["errored_after_abort"] = (type(aborted).__name__, str(aborted)) if aborted is not None else None
     pg.shutdown()
     return {"rounds": rounds, "failure": failure}

@@ -13,19 +13,20 @@ model; the differences:
 * every collective torchft calls is served, reduce_scatter and alltoall_base included (gloo's
   refuses reduce_scatter);
 * CPU and CUDA tensors both go through the one ddplite backend (CPU transport / raw NCCL);
-* a collective whose peer died raises DistBackendError in about 0.1 s instead of at gloo's
-  timeout, and a collective that times out raises without ending the process (ddplite has no
-  watchdog that kills it), so the Manager drops the step and the next quorum leaves the peer out.
+* the backend fails a collective whose peer died in about 0.1 s instead of at gloo's timeout, and
+  one that times out fails without ending the process (ddplite has no watchdog that kills it).
 
-A collective that fails does not raise at ``wait()``: as torchft's Manager expects ("the Future will
-be completed with no error and instead tracked asynchronously"), the error is kept and ``errored()``
-returns it, so ``Manager.should_commit`` drops the step; its future completes with None. (torchft's
-DistributedDataParallel comm hook cannot take a ``wait()`` that raises.) ``errored()`` also returns
-the error that made this group abort; both are cleared by the next ``configure``.
+It is meant to be the Manager's ``pg``. A collective that fails does not raise at ``wait()``: as
+the Manager expects ("the Future will be completed with no error and instead tracked
+asynchronously"), the first error is kept and ``errored()`` returns it, so ``Manager.should_commit``
+drops the step and the next quorum leaves the dead peer out. The work's future then completes with
+None. (torchft 0.2.0's DistributedDataParallel comm hook fails on a ``wait()`` that raises.)
+``errored()`` also returns the error that made this group abort. Both are cleared by the next
+``configure``; an error from an older quorum's work is ignored.
 """
 
 import logging
-
+import threading
 from datetime import timedelta
 from typing import Optional
 
@@ -42,27 +43,43 @@ logger = logging.getLogger(__name__)
 
 
 class _ErrorRecordingWork(Work):
-    """A ddplite Work whose failure is recorded on the torchft group instead of raised.
-    Called on the training thread (wait) or the thread that completes the future (callback)."""
+    """A ddplite Work whose failure is recorded on the torchft group instead of raised, for the
+    quorum (generation) it was started in. Any thread: the training thread waits, the backend's
+    thread completes the future."""
 
-    def __init__(self, group: "ProcessGroupDdplite", work: Work) -> None:
+    def __init__(self, group: "ProcessGroupDdplite", work: Work, generation: int) -> None:
         super().__init__()
         self._group = group
         self._work = work
+        self._generation = generation
+
+    def _recorded(self, call) -> bool:
+        try:
+            call()
+            return True
+        except Exception as error:  # noqa: BLE001 - every failure is the Manager's to handle
+            self._group._record_error(error, self._generation)
+            return False
 
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
-        try:
-            self._work.wait()
-        except Exception as error:  # noqa: BLE001 - every failure is the Manager's to handle
-            self._group._record_error(error)
+        self._recorded(lambda: self._work.wait(timeout) if timeout is not None else self._work.wait())
         return True
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def synchronize(self) -> None:
+        self._recorded(self._work.synchronize)
+
+    def block_current_stream(self) -> None:
+        self._recorded(self._work.block_current_stream)
 
     def get_future(self):
         def value_or_recorded_error(future):
             try:
                 return future.value()
             except Exception as error:  # noqa: BLE001
-                self._group._record_error(error)
+                self._group._record_error(error, self._generation)
                 return None
 
         return self._work.get_future().then(value_or_recorded_error)
@@ -79,7 +96,9 @@ class ProcessGroupDdplite(ProcessGroupWrapper):
 
     def __init__(self, timeout: timedelta = timedelta(seconds=60)) -> None:
         super().__init__(timeout=timeout)
+        self._error_lock = threading.Lock()  # guards _errored and _generation
         self._errored: Optional[Exception] = None
+        self._generation = 0  # bumped by each configure: works of older quorums cannot set _errored
 
     def _quorum_group_name(self) -> str:
         """The flight recorder's name for this quorum's group (one per quorum and group rank)."""
@@ -91,7 +110,9 @@ class ProcessGroupDdplite(ProcessGroupWrapper):
         """Called by ``configure`` (the old group already aborted): a c10d ProcessGroup whose
         backend for every device is a new ddplite backend on ``store`` (torchft's prefixed store
         for this quorum), registered as CUSTOM as init_process_group registers third-party ones."""
-        self._errored = None
+        with self._error_lock:
+            self._generation += 1
+            self._errored = None
         backend = _load_extension().create_backend(store, rank, world_size, self._timeout,
                                                    list(self._global_ranks or []), self._quorum_group_name())
         group = BaseProcessGroup(store, rank, world_size)
@@ -102,10 +123,11 @@ class ProcessGroupDdplite(ProcessGroupWrapper):
         return group
 
     def abort(self, errored: bool = True) -> None:
-        """Aborts the current group (its in-flight collectives raise; nothing waits on peers).
+        """Aborts the current group (its in-flight collectives fail; nothing waits on peers).
         ``errored=False`` is ``configure`` replacing a healthy group."""
         if errored:
-            self._errored = RuntimeError("ddplite process group aborted")
+            with self._error_lock:
+                self._errored = RuntimeError("ddplite process group aborted")
         super().abort(errored=errored)
 
     def shutdown(self) -> None:
@@ -115,17 +137,22 @@ class ProcessGroupDdplite(ProcessGroupWrapper):
             group.shutdown()
 
     def _wrap_work(self, work: Work, opts: object) -> Work:
-        return _ErrorRecordingWork(self, work)
+        with self._error_lock:
+            generation = self._generation
+        return _ErrorRecordingWork(self, work, generation)
 
-    def _record_error(self, error: Exception) -> None:
-        """Keeps the first error since the last ``configure`` (later ones follow from it)."""
-        if self._errored is None:
-            logger.warning("ddplite collective failed; torchft drops this step: %s", error)
+    def _record_error(self, error: Exception, generation: int) -> None:
+        """Keeps the first error of the current quorum (later ones follow from it)."""
+        with self._error_lock:
+            if generation != self._generation or self._errored is not None:
+                return
             self._errored = error
+        logger.warning("ddplite collective failed; torchft drops this step: %s", error)
 
     def errored(self) -> Optional[Exception]:
         """The first collective error, or the abort, since the last ``configure``; else None."""
-        return self._errored
+        with self._error_lock:
+            return self._errored
 
     def getBackendName(self) -> str:
         return "torchft-ddplite"

@@ -1361,9 +1361,11 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::shrink(const std::vector<int64
     throwValueError(ctx, strCat("pg_options are ", opts->backend, "'s options; a ddplite group takes ddplite's"),
                     "pass torch_ddp_lite.Options(timeout=...) or no pg_options (the group's are kept)");
   }
-  if (flags & kShrinkAbort) abort();
   const uint64_t epoch = ++shrinks_;
   const std::vector<int> survivors = agreeOnExclusion(ctx, epoch, gone);
+  // Among the agreed survivors, before abort() would abort the communicators it shrinks.
+  std::unique_ptr<CudaSplit> cudaShrunk = cuda_ ? cuda_->shrink(gone, (flags & kShrinkAbort) != 0) : nullptr;
+  if (flags & kShrinkAbort) abort();
   const int newRank = static_cast<int>(std::lower_bound(survivors.begin(), survivors.end(), rank_) - survivors.begin());
   auto childStore = c10::make_intrusive<c10d::PrefixStore>(strCat("ddplite-shrink/", epoch, "/"), store_);
   TraceGroupIdentity trace{opts ? opts->group_name : std::string(), opts ? opts->group_desc : std::string(), {}};
@@ -1374,6 +1376,7 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::shrink(const std::vector<int64
   auto child = c10::make_intrusive<DdpliteBackend>(childStore, newRank, static_cast<int>(survivors.size()), timeout,
                                                    std::move(trace));
   registerLive(child);
+  if (cudaShrunk && child->cuda_) child->cuda_->adopt(std::move(cudaShrunk));
   return child;
 }
 

@@ -158,8 +158,10 @@ class DdpliteBackend final : public c10d::Backend {
   // counting this group's shrinks; a survivor with another list, or one that does not publish
   // within the group's timeout (or whose process has ended), raises DistBackendError naming it. The new group then connects afresh under
   // "ddplite-shrink/<n>/" (new sockets and segment: nothing of this group's streams can reach it).
-  // `flags` & SHRINK_ABORT (1): this group's pending ops are aborted first. CUDA: the new group
-  // makes its own NCCL communicator when it first meets a CUDA tensor. Caller's thread.
+  // `flags` & SHRINK_ABORT (1): this group's pending ops are aborted once the survivors agreed. CUDA:
+  // the new group's NCCL communicators are made from this group's by ncclCommShrink among the
+  // survivors (NCCL >= 2.27, NCCL_SHRINK_ABORT with SHRINK_ABORT), else by the new group when it
+  // first meets a CUDA tensor (cuda/rules/nccl_rules.hpp, shrinkPlan). Caller's thread.
   bool supportsShrinking() const override { return true; }
   c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& excluded, int flags,
                                            const c10::intrusive_ptr<Options>& opts) override;

@@ -100,7 +100,12 @@ class CudaPath {
   // the same order, with the sorted parent ranks of its new group (empty: in none, or refused).
   // Returns what the new group's path adopts; null where nothing was split.
   virtual std::unique_ptr<CudaSplit> split(const std::vector<int>& members) = 0;
-  // The new group's path, before its first op: takes over the split communicators.
+  // shrink_group, collective over the survivors only (`excluded`: the sorted parent ranks left
+  // out; this rank is not among them): the survivors' communicators made from this group's where
+  // rules::shrinkPlan says so (ncclCommShrink; `abortPending`: SHRINK_ABORT). Null where none was
+  // (the new group then makes its own on its first CUDA op). Before the backend aborts this group.
+  virtual std::unique_ptr<CudaSplit> shrink(const std::vector<int>& excluded, bool abortPending) = 0;
+  // The new group's path, before its first op: takes over the split (or shrunk) communicators.
   virtual void adopt(std::unique_ptr<CudaSplit> split) = 0;
 
   // Coalescing (backend/coalescing.hpp), on the thread that opened the group: the CUDA ops this

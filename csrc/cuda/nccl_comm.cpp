@@ -178,6 +178,59 @@ std::unique_ptr<NcclComm> NcclComm::split(NcclComm& parent, int color, int key, 
 #endif
 }
 
+std::unique_ptr<NcclComm> NcclComm::shrink(NcclComm& parent, const std::vector<int>& excluded, int ncclFlags,
+                                           int expectedSize, const OpContext& ctx,
+                                           std::chrono::steady_clock::time_point deadline) {
+#if DDPLITE_NCCL_HAS_SHRINK
+  Lease lease(parent);  // exclusive use of the parent's handle while NCCL shrinks it
+  if (lease.comm() == nullptr) {
+    throwDistError(ctx, "the parent group's NCCL communicator was aborted, so it cannot be shrunk",
+                   "shrink_group again: the new group then makes its own communicator");
+  }
+  c10::cuda::CUDAGuard guard(parent.device());
+  // As in split: the job may write the child's handle after we gave up, so the slot lives on the
+  // heap until the job is known to be over.
+  auto* slot = new ncclComm_t(nullptr);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  config.splitShare = 0;  // the child's abort must not abort the parent's kernels, nor the reverse
+  std::vector<int> exclude(excluded);  // ncclCommShrink takes a non-const list
+  const ncclResult_t started = ncclCommShrink(lease.comm(), exclude.data(), static_cast<int>(exclude.size()), slot,
+                                              &config, ncclFlags);
+  const auto cancelled = [&lease] { return lease.abortRequested(); };
+  ncclComm_t child = nullptr;
+  try {
+    check(ctx, "ncclCommShrink", started, lease.comm());
+    waitWhileInProgress(ctx, "ncclCommShrink", lease.comm(), deadline, cancelled);
+    child = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (child == nullptr) {
+      throwDistError(ctx, "ncclCommShrink returned no communicator for a surviving rank",
+                     "check that every survivor passed the same ranks to exclude");
+    }
+    waitWhileInProgress(ctx, "ncclCommShrink", child, deadline, cancelled);
+    int count = 0;
+    if (ncclCommCount(child, &count) == ncclSuccess && count != expectedSize) {
+      throwDistError(ctx, strCat("ncclCommShrink made a communicator of ", count, " ranks for a group of ",
+                                 expectedSize, " survivors"),
+                     "pass the same ranks to exclude on every survivor");
+    }
+  } catch (...) {
+    parent.abortLocked();  // a shrink that did not finish leaves the parent unusable; joins the job
+    child = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (child != nullptr) ncclCommAbort(child);
+    delete slot;
+    throw;
+  }
+  delete slot;
+  DDPLITE_LOG(kInfo, ctx.describe(), ": NCCL communicator shrunk from the parent group's on ", parent.device(),
+              " (", excluded.size(), " rank(s) excluded, flags ", ncclFlags, ")");
+  return std::unique_ptr<NcclComm>(new NcclComm(child, parent.device()));
+#else
+  (void)parent, (void)excluded, (void)ncclFlags, (void)expectedSize, (void)ctx, (void)deadline;
+  return nullptr;  // NCCL < 2.27: the new group makes its own communicator on its first op
+#endif
+}
+
 NcclComm::~NcclComm() {
   std::lock_guard<std::timed_mutex> lock(mutex_);  // no Lease outlives the owner; wait out a late abort()
   if (aborted_.load() || comm_ == nullptr) return;

@@ -59,6 +59,13 @@ class NcclComm {
   // leaves it unusable) and the error raised.
   static std::unique_ptr<NcclComm> split(NcclComm& parent, int color, int key, int expectedSize, const OpContext& ctx,
                                          std::chrono::steady_clock::time_point deadline);
+  // Collective over the survivors of `parent` (ncclCommShrink, nonblocking, polled up to
+  // `deadline`; the `excluded` parent ranks take no part): the survivors' communicator, checked to
+  // have `expectedSize` ranks. `ncclFlags`: NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT (rules::shrinkPlan).
+  // When it fails the parent is aborted and the error raised. nullptr where NCCL has no shrink.
+  static std::unique_ptr<NcclComm> shrink(NcclComm& parent, const std::vector<int>& excluded, int ncclFlags,
+                                          int expectedSize, const OpContext& ctx,
+                                          std::chrono::steady_clock::time_point deadline);
   // ncclCommFinalize (polled up to kFinalizeWait) and ncclCommDestroy; ncclCommAbort when it does
   // not settle in time. Nothing when aborted.
   ~NcclComm();

@@ -51,6 +51,13 @@
 #define DDPLITE_NCCL_HAS_SPLIT 0
 #endif
 
+// ncclCommShrink (shrink_group makes the survivors' communicators from the parent's).
+#if DDPLITE_NCCL_AT_LEAST(2, 27)
+#define DDPLITE_NCCL_HAS_SHRINK 1
+#else
+#define DDPLITE_NCCL_HAS_SHRINK 0
+#endif
+
 namespace ddplite::nccl {
 
 using rules::Version;

@@ -187,6 +187,53 @@ std::unique_ptr<CudaSplit> NcclPath::split(const std::vector<int>& members) {
   return made;
 }
 
+std::unique_ptr<CudaSplit> NcclPath::shrink(const std::vector<int>& excluded, bool abortPending) {
+  auto made = std::make_unique<NcclSplit>();
+  std::lock_guard<std::mutex> order(deps_.orderMutex);
+  std::lock_guard<std::mutex> init(initMutex_);
+  const OpContext ctx{deps_.rank, deps_.size, "shrink_group", deps_.seq.load()};
+  bool broken = false;
+  {
+    std::lock_guard<std::mutex> lock(brokenMutex_);
+    broken = !brokenReason_.empty();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + deps_.resolveTimeout(std::chrono::milliseconds(-1));
+  const int survivors = deps_.size - static_cast<int>(excluded.size());
+  // In the parent's order of first use (the same on every survivor), as split pairs them.
+  std::map<int, std::pair<int, DeviceState*>> byOrdinal;
+  for (auto& [index, state] : devices_) {
+    if (!state.staged && state.comm) byOrdinal[state.ordinal] = {index, &state};
+  }
+  for (auto& [ordinal, entry] : byOrdinal) {
+    auto& [index, state] = entry;
+    const rules::ShrinkPlan plan = rules::shrinkPlan(DDPLITE_NCCL_HAS_SHRINK, loadedVersion(),
+                                                     !broken && !state->comm->aborted(), abortPending);
+    DDPLITE_LOG(kInfo, ctx.describe(), ": the shrunk group's communicator on ", state->comm->device(), ": ",
+                plan.how == rules::ShrinkComm::kShrinkParent ? "made from this group's" : "made on its first op",
+                " (", plan.why, ")");
+    if (plan.how != rules::ShrinkComm::kShrinkParent) continue;
+    std::unique_ptr<NcclComm> child;
+    try {
+      child = NcclComm::shrink(*state->comm, excluded, plan.ncclFlags, survivors, ctx, deadline);
+    } catch (const std::exception& error) {
+      failGroup(WatchdogFailure{strCat("shrink_group: ncclCommShrink failed on ", state->comm->device(), ": [",
+                                       messageOf(error), "]; the NCCL communicators were aborted"),
+                                "pass the same ranks to exclude on every survivor; after a hang, use "
+                                "shrink_flags=SHRINK_ABORT"});
+      throw;
+    }
+    if (!child) continue;
+    std::vector<rules::GpuIdentity> kept;
+    for (int r = 0; r < static_cast<int>(state->identities.size()); ++r) {
+      if (!std::binary_search(excluded.begin(), excluded.end(), r)) kept.push_back(state->identities[r]);
+    }
+    made->devices[ordinal] = NcclSplit::Device{index, std::move(child),
+                                               kept.empty() ? state->minCompCap : rules::minComputeCapability(kept)};
+  }
+  if (made->devices.empty()) return nullptr;
+  return made;
+}
+
 void NcclPath::adopt(std::unique_ptr<CudaSplit> split) {
   auto* made = dynamic_cast<NcclSplit*>(split.get());
   if (made == nullptr) return;

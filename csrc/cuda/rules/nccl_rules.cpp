@@ -138,6 +138,24 @@ SplitArgs splitArgs(const std::vector<int>& sortedMembers, int parentRank, int n
   return SplitArgs{sortedMembers.front(), static_cast<int>(me - sortedMembers.begin())};
 }
 
+ShrinkPlan shrinkPlan(bool builtWithShrink, Version loaded, bool parentUsable, bool abortPending) {
+  constexpr int kShrinkDefault = 0, kShrinkAbort = 1;  // NCCL_SHRINK_DEFAULT, NCCL_SHRINK_ABORT (nccl.h)
+  if (!builtWithShrink) {
+    return {ShrinkComm::kNewCommunicator, kShrinkDefault,
+            "ddplite was built against an NCCL without ncclCommShrink (before 2.27)"};
+  }
+  if (loaded.major < 2 || (loaded.major == 2 && loaded.minor < 27)) {
+    return {ShrinkComm::kNewCommunicator, kShrinkDefault,
+            "the NCCL this process loaded is older than 2.27 (no ncclCommShrink)"};
+  }
+  if (!parentUsable) {
+    return {ShrinkComm::kNewCommunicator, kShrinkDefault,
+            "the parent group's communicator was aborted or failed, so it cannot be shrunk"};
+  }
+  return {ShrinkComm::kShrinkParent, abortPending ? kShrinkAbort : kShrinkDefault,
+          abortPending ? "ncclCommShrink with NCCL_SHRINK_ABORT" : "ncclCommShrink"};
+}
+
 Teardown teardownFor(TeardownCause cause, bool groupBroken) {
   if (groupBroken) return Teardown::kAbort;  // nothing queued will finish: NCCL may never return
   return cause == TeardownCause::kShutdown ? Teardown::kDrainThenDestroy : Teardown::kAbort;

@@ -88,6 +88,21 @@ struct SplitArgs {
 };
 SplitArgs splitArgs(const std::vector<int>& sortedMembers, int parentRank, int noColor);
 
+// How a shrunk group (torch's shrink_group) gets its communicator on one device where the parent
+// group has one. ncclCommShrink (NCCL 2.27) makes it from the parent's among the survivors only, the
+// excluded ranks taking no part; NCCL_SHRINK_ABORT first ends the parent's pending operations
+// (shrink_group's SHRINK_ABORT: a peer hangs). Without it, or when the parent's communicator was
+// aborted or failed (it cannot be shrunk then), the new group makes its own on its first CUDA op.
+enum class ShrinkComm { kShrinkParent, kNewCommunicator };
+struct ShrinkPlan {
+  ShrinkComm how;
+  int ncclFlags;    // for ncclCommShrink: NCCL_SHRINK_DEFAULT (0) or NCCL_SHRINK_ABORT (1)
+  std::string why;  // for the log: why this way
+};
+// `builtWithShrink`: the nccl.h ddplite compiled against has ncclCommShrink; `loaded`: the
+// libnccl this process runs; `parentUsable`: the parent's communicator was neither aborted nor failed.
+ShrinkPlan shrinkPlan(bool builtWithShrink, Version loaded, bool parentUsable, bool abortPending);
+
 // What happens to a group's communicators when the group goes away.
 enum class Teardown {
   kDrainThenDestroy,  // destroy_process_group: let queued work finish (up to the timeout), ncclCommDestroy
