@@ -1362,10 +1362,20 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::shrink(const std::vector<int64
                     "pass torch_ddp_lite.Options(timeout=...) or no pg_options (the group's are kept)");
   }
   const uint64_t epoch = ++shrinks_;
-  const std::vector<int> survivors = agreeOnExclusion(ctx, epoch, gone);
-  // Among the agreed survivors, before abort() would abort the communicators it shrinks.
-  std::unique_ptr<CudaSplit> cudaShrunk = cuda_ ? cuda_->shrink(gone, (flags & kShrinkAbort) != 0) : nullptr;
-  if (flags & kShrinkAbort) abort();
+  const bool abortPending = (flags & kShrinkAbort) != 0;
+  std::unique_ptr<CudaSplit> cudaShrunk;
+  std::vector<int> survivors;
+  try {
+    std::vector<int> cudaAgreed;  // the devices every survivor can shrink the communicator of
+    survivors = agreeOnExclusion(ctx, epoch, gone, cuda_ ? cuda_->shrinkReadiness(abortPending) : std::string(),
+                                 &cudaAgreed);
+    // Among the agreed survivors, before abort() would abort the communicators it shrinks.
+    if (cuda_) cudaShrunk = cuda_->shrink(gone, abortPending, cudaAgreed);
+  } catch (...) {
+    if (abortPending) abort();  // the pending ops fail now, not at their timeout
+    throw;
+  }
+  if (abortPending) abort();
   const int newRank = static_cast<int>(std::lower_bound(survivors.begin(), survivors.end(), rank_) - survivors.begin());
   auto childStore = c10::make_intrusive<c10d::PrefixStore>(strCat("ddplite-shrink/", epoch, "/"), store_);
   TraceGroupIdentity trace{opts ? opts->group_name : std::string(), opts ? opts->group_desc : std::string(), {}};
@@ -1380,13 +1390,32 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::shrink(const std::vector<int64
   return child;
 }
 
+namespace {
+
+// "0,2," (CudaPath::shrinkReadiness) -> {0, 2}.
+std::vector<int> ordinalsOf(const std::string& text) {
+  std::vector<int> ordinals;
+  size_t start = 0;
+  for (size_t comma = text.find(','); comma != std::string::npos; comma = text.find(',', start)) {
+    ordinals.push_back(std::stoi(text.substr(start, comma - start)));
+    start = comma + 1;
+  }
+  return ordinals;
+}
+
+}  // namespace
+
 std::vector<int> DdpliteBackend::agreeOnExclusion(const OpContext& ctx, uint64_t epoch,
-                                                  const std::vector<int>& excluded) {
+                                                  const std::vector<int>& excluded, const std::string& cudaReady,
+                                                  std::vector<int>* cudaAgreed) {
   StoreRendezvous round = rendezvous_.prefixed(strCat("shrink/", epoch, "/excluded/"));
   const std::string mine = listOf(excluded);
   const std::string hint = "the store must outlive the failed ranks: torchrun's agent hosts it; under env:// or "
                            "tcp:// rank 0's process does";
+  *cudaAgreed = ordinalsOf(cudaReady);
   try {
+    // Before the list: a survivor that sees a peer's list finds its CUDA readiness too.
+    round.set(strCat("cuda/", rank_), cudaReady);
     round.set(std::to_string(rank_), mine);
   } catch (const std::exception& error) {
     throwDistError(ctx, strCat("shrink #", epoch, ": the group's store could not be reached: ", error.what()), hint);
@@ -1420,6 +1449,17 @@ std::vector<int> DdpliteBackend::agreeOnExclusion(const OpContext& ctx, uint64_t
                                  " excludes ", theirs, "; the survivors must agree"),
                      "pass the same ranks_to_exclude on every surviving rank (torch_ddp_lite's errors name the "
                      "failed ranks)");
+    }
+    try {  // the devices both this rank and rank r can shrink
+      const std::vector<int> theirsReady =
+          ordinalsOf(round.get(strCat("cuda/", r), strCat("rank ", r, "'s CUDA readiness in shrink #", epoch)));
+      std::vector<int> both;
+      for (int ordinal : *cudaAgreed) {
+        if (std::find(theirsReady.begin(), theirsReady.end(), ordinal) != theirsReady.end()) both.push_back(ordinal);
+      }
+      *cudaAgreed = std::move(both);
+    } catch (const std::exception& error) {
+      throwDistError(ctx, strCat("shrink #", epoch, ": the group's store could not be reached: ", error.what()), hint);
     }
   }
   return survivors;

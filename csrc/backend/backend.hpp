@@ -287,8 +287,11 @@ class DdpliteBackend final : public c10d::Backend {
   // Whether `peer`'s process is known to have ended: it shares this host (its identity, published
   // at construction under "proc/<rank>") and its pid no longer runs. False when unknown.
   bool peerProcessEnded(int peer);
-  // shrink's agreement round (see shrink): returns the survivors, sorted.
-  std::vector<int> agreeOnExclusion(const OpContext& ctx, uint64_t epoch, const std::vector<int>& excluded);
+  // shrink's agreement round (see shrink): returns the survivors, sorted. Each survivor also
+  // publishes `cudaReady` (CudaPath::shrinkReadiness) before its list; `cudaAgreed` gets the
+  // devices every survivor named (all of them shrink those communicators, or none does).
+  std::vector<int> agreeOnExclusion(const OpContext& ctx, uint64_t epoch, const std::vector<int>& excluded,
+                                    const std::string& cudaReady, std::vector<int>* cudaAgreed);
   // Raises DistBackendError for an op called in a forked child.
   void refuseInForkedChild(const OpContext& ctx) const;
 

@@ -100,11 +100,16 @@ class CudaPath {
   // the same order, with the sorted parent ranks of its new group (empty: in none, or refused).
   // Returns what the new group's path adopts; null where nothing was split.
   virtual std::unique_ptr<CudaSplit> split(const std::vector<int>& members) = 0;
-  // shrink_group, collective over the survivors only (`excluded`: the sorted parent ranks left
-  // out; this rank is not among them): the survivors' communicators made from this group's where
-  // rules::shrinkPlan says so (ncclCommShrink; `abortPending`: SHRINK_ABORT). Null where none was
-  // (the new group then makes its own on its first CUDA op). Before the backend aborts this group.
-  virtual std::unique_ptr<CudaSplit> shrink(const std::vector<int>& excluded, bool abortPending) = 0;
+  // shrink_group, in two steps on the survivors only. shrinkReadiness: the ordinals (order of first
+  // use, "0,1,") of the devices whose communicator this rank could shrink (rules::shrinkPlan); the
+  // backend takes the devices every survivor named, so that all or none shrink each. shrink,
+  // collective over the survivors (`excluded`: the sorted parent ranks left out): the survivors'
+  // communicators made from this group's on those devices (ncclCommShrink; `abortPending`:
+  // SHRINK_ABORT, whose pending works fail first). Null where none was (the new group then makes
+  // its own on its first CUDA op). Both before the backend aborts this group.
+  virtual std::string shrinkReadiness(bool abortPending) = 0;
+  virtual std::unique_ptr<CudaSplit> shrink(const std::vector<int>& excluded, bool abortPending,
+                                            const std::vector<int>& agreedOrdinals) = 0;
   // The new group's path, before its first op: takes over the split (or shrunk) communicators.
   virtual void adopt(std::unique_ptr<CudaSplit> split) = 0;
 

@@ -193,7 +193,11 @@ std::unique_ptr<NcclComm> NcclComm::shrink(NcclComm& parent, const std::vector<i
   auto* slot = new ncclComm_t(nullptr);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  config.splitShare = 0;  // the child's abort must not abort the parent's kernels, nor the reverse
+  config.shrinkShare = 0;  // the child's abort must not abort the parent's kernels, nor the reverse
+  if (const char* share = std::getenv("NCCL_COMM_SHRINK_SHARE_RESOURCES"); share && std::string(share) == "1") {
+    DDPLITE_LOG(kWarn, ctx.describe(), ": NCCL_COMM_SHRINK_SHARE_RESOURCES=1 overrides shrinkShare = 0: aborting "
+                "the old group may then abort the shrunk group's kernels too");
+  }
   std::vector<int> exclude(excluded);  // ncclCommShrink takes a non-const list
   const ncclResult_t started = ncclCommShrink(lease.comm(), exclude.data(), static_cast<int>(exclude.size()), slot,
                                               &config, ncclFlags);

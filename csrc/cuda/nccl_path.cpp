@@ -187,35 +187,62 @@ std::unique_ptr<CudaSplit> NcclPath::split(const std::vector<int>& members) {
   return made;
 }
 
-std::unique_ptr<CudaSplit> NcclPath::shrink(const std::vector<int>& excluded, bool abortPending) {
-  auto made = std::make_unique<NcclSplit>();
-  std::lock_guard<std::mutex> order(deps_.orderMutex);
+std::string NcclPath::shrinkReadiness(bool abortPending) {
   std::lock_guard<std::mutex> init(initMutex_);
-  const OpContext ctx{deps_.rank, deps_.size, "shrink_group", deps_.seq.load()};
   bool broken = false;
   {
     std::lock_guard<std::mutex> lock(brokenMutex_);
     broken = !brokenReason_.empty();
+  }
+  // NCCL_SHRINK_DEFAULT must not meet outstanding work on the parent (it may deadlock).
+  const auto watchdog = currentWatchdog();
+  const bool idle = !watchdog || watchdog->drain(std::chrono::steady_clock::now());
+  std::string ready;
+  for (auto& [index, state] : devices_) {
+    if (state.staged || !state.comm) continue;
+    std::string detail;
+    const ncclResult_t health = state.comm->asyncError(detail);
+    const bool usable = !broken && !state.comm->aborted() && (health == ncclSuccess || health == ncclInProgress) &&
+                        (abortPending || idle);
+    const rules::ShrinkPlan plan = rules::shrinkPlan(DDPLITE_NCCL_HAS_SHRINK, loadedVersion(), usable, abortPending);
+    DDPLITE_LOG(kInfo, "rank ", deps_.rank, "/", deps_.size, " shrink_group on ", state.comm->device(), ": ",
+                plan.how == rules::ShrinkComm::kShrinkParent ? "can shrink this group's communicator" : "cannot",
+                " (", plan.why, ")");
+    if (plan.how == rules::ShrinkComm::kShrinkParent) ready += strCat(state.ordinal, ",");
+  }
+  return ready;
+}
+
+std::unique_ptr<CudaSplit> NcclPath::shrink(const std::vector<int>& excluded, bool abortPending,
+                                            const std::vector<int>& agreedOrdinals) {
+  if (agreedOrdinals.empty()) return nullptr;
+  auto made = std::make_unique<NcclSplit>();
+  std::lock_guard<std::mutex> order(deps_.orderMutex);
+  std::lock_guard<std::mutex> init(initMutex_);
+  const OpContext ctx{deps_.rank, deps_.size, "shrink_group", deps_.seq.load()};
+  if (abortPending) {
+    // NCCL_SHRINK_ABORT makes the parent's kernels exit: their end events would read as success.
+    if (auto watchdog = currentWatchdog()) {
+      watchdog->failAll(WatchdogFailure{"shrink_group(SHRINK_ABORT) aborted this work before it finished",
+                                        "its output is undefined; run it again on the shrunk group"});
+    }
   }
   const auto deadline = std::chrono::steady_clock::now() + deps_.resolveTimeout(std::chrono::milliseconds(-1));
   const int survivors = deps_.size - static_cast<int>(excluded.size());
   // In the parent's order of first use (the same on every survivor), as split pairs them.
   std::map<int, std::pair<int, DeviceState*>> byOrdinal;
   for (auto& [index, state] : devices_) {
-    if (!state.staged && state.comm) byOrdinal[state.ordinal] = {index, &state};
+    const bool agreed = std::find(agreedOrdinals.begin(), agreedOrdinals.end(), state.ordinal) != agreedOrdinals.end();
+    if (agreed && !state.staged && state.comm) byOrdinal[state.ordinal] = {index, &state};
   }
   for (auto& [ordinal, entry] : byOrdinal) {
     auto& [index, state] = entry;
-    const rules::ShrinkPlan plan = rules::shrinkPlan(DDPLITE_NCCL_HAS_SHRINK, loadedVersion(),
-                                                     !broken && !state->comm->aborted(), abortPending);
-    DDPLITE_LOG(kInfo, ctx.describe(), ": the shrunk group's communicator on ", state->comm->device(), ": ",
-                plan.how == rules::ShrinkComm::kShrinkParent ? "made from this group's" : "made on its first op",
-                " (", plan.why, ")");
-    if (plan.how != rules::ShrinkComm::kShrinkParent) continue;
     std::unique_ptr<NcclComm> child;
     try {
-      child = NcclComm::shrink(*state->comm, excluded, plan.ncclFlags, survivors, ctx, deadline);
+      child = NcclComm::shrink(*state->comm, excluded, abortPending ? rules::kNcclShrinkAbort : rules::kNcclShrinkDefault,
+                               survivors, ctx, deadline);
     } catch (const std::exception& error) {
+      for (auto& [doneOrdinal, device] : made->devices) device.comm->abort();  // not finalize: the group failed
       failGroup(WatchdogFailure{strCat("shrink_group: ncclCommShrink failed on ", state->comm->device(), ": [",
                                        messageOf(error), "]; the NCCL communicators were aborted"),
                                 "pass the same ranks to exclude on every survivor; after a hang, use "

@@ -79,7 +79,9 @@ class NcclPath final : public CudaPath {
   c10::intrusive_ptr<c10d::Work> barrier(at::Device device, const c10d::BarrierOptions& opts) override;
   void connect(at::Device device) override;
   std::unique_ptr<CudaSplit> split(const std::vector<int>& members) override;
-  std::unique_ptr<CudaSplit> shrink(const std::vector<int>& excluded, bool abortPending) override;
+  std::string shrinkReadiness(bool abortPending) override;
+  std::unique_ptr<CudaSplit> shrink(const std::vector<int>& excluded, bool abortPending,
+                                    const std::vector<int>& agreedOrdinals) override;
   void adopt(std::unique_ptr<CudaSplit> split) override;
   void startCoalescing() override;
   void endCoalescing() override;

@@ -66,7 +66,10 @@ class StagedPath final : public CudaPath {
   void abandon() override {}
   void connect(at::Device) override {}
   std::unique_ptr<CudaSplit> split(const std::vector<int>&) override { return nullptr; }
-  std::unique_ptr<CudaSplit> shrink(const std::vector<int>&, bool) override { return nullptr; }
+  std::string shrinkReadiness(bool) override { return {}; }
+  std::unique_ptr<CudaSplit> shrink(const std::vector<int>&, bool, const std::vector<int>&) override {
+    return nullptr;
+  }
   void adopt(std::unique_ptr<CudaSplit>) override {}
   // Staged ops are CPU collectives the backend's own collector gathers.
   void startCoalescing() override {}

@@ -139,20 +139,19 @@ SplitArgs splitArgs(const std::vector<int>& sortedMembers, int parentRank, int n
 }
 
 ShrinkPlan shrinkPlan(bool builtWithShrink, Version loaded, bool parentUsable, bool abortPending) {
-  constexpr int kShrinkDefault = 0, kShrinkAbort = 1;  // NCCL_SHRINK_DEFAULT, NCCL_SHRINK_ABORT (nccl.h)
   if (!builtWithShrink) {
-    return {ShrinkComm::kNewCommunicator, kShrinkDefault,
+    return {ShrinkComm::kNewCommunicator, kNcclShrinkDefault,
             "ddplite was built against an NCCL without ncclCommShrink (before 2.27)"};
   }
   if (loaded.major < 2 || (loaded.major == 2 && loaded.minor < 27)) {
-    return {ShrinkComm::kNewCommunicator, kShrinkDefault,
+    return {ShrinkComm::kNewCommunicator, kNcclShrinkDefault,
             "the NCCL this process loaded is older than 2.27 (no ncclCommShrink)"};
   }
   if (!parentUsable) {
-    return {ShrinkComm::kNewCommunicator, kShrinkDefault,
-            "the parent group's communicator was aborted or failed, so it cannot be shrunk"};
+    return {ShrinkComm::kNewCommunicator, kNcclShrinkDefault,
+            "the parent group's communicator was aborted, failed, or has work outstanding without SHRINK_ABORT"};
   }
-  return {ShrinkComm::kShrinkParent, abortPending ? kShrinkAbort : kShrinkDefault,
+  return {ShrinkComm::kShrinkParent, abortPending ? kNcclShrinkAbort : kNcclShrinkDefault,
           abortPending ? "ncclCommShrink with NCCL_SHRINK_ABORT" : "ncclCommShrink"};
 }
 

@@ -100,7 +100,12 @@ struct ShrinkPlan {
   std::string why;  // for the log: why this way
 };
 // `builtWithShrink`: the nccl.h ddplite compiled against has ncclCommShrink; `loaded`: the
-// libnccl this process runs; `parentUsable`: the parent's communicator was neither aborted nor failed.
+// libnccl this process runs; `parentUsable`: the parent's communicator was neither aborted nor
+// failed (NCCL refuses to shrink a communicator holding an async error), and, without
+// `abortPending`, has no outstanding work (NCCL_SHRINK_DEFAULT may deadlock on it). Every survivor
+// must take the same way for a device: the backend uses ncclCommShrink only where all could.
+constexpr int kNcclShrinkDefault = 0;  // NCCL_SHRINK_DEFAULT (nccl.h)
+constexpr int kNcclShrinkAbort = 1;    // NCCL_SHRINK_ABORT
 ShrinkPlan shrinkPlan(bool builtWithShrink, Version loaded, bool parentUsable, bool abortPending);
 
 // What happens to a group's communicators when the group goes away.
