@@ -21,6 +21,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -1370,7 +1372,10 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::shrink(const std::vector<int64
     survivors = agreeOnExclusion(ctx, epoch, gone, cuda_ ? cuda_->shrinkReadiness(abortPending) : std::string(),
                                  &cudaAgreed);
     // Among the agreed survivors, before abort() would abort the communicators it shrinks.
-    if (cuda_) cudaShrunk = cuda_->shrink(gone, abortPending, cudaAgreed);
+    if (cuda_ && !cudaAgreed.empty()) {  // the same set on every survivor: all or none go on
+      cudaShrunk = cuda_->shrink(gone, abortPending, cudaAgreed, shrinkCoordination(epoch));
+      keepDevicesEverySurvivorShrunk(ctx, epoch, survivors, cudaShrunk);
+    }
   } catch (...) {
     if (abortPending) abort();  // the pending ops fail now, not at their timeout
     throw;
@@ -1404,6 +1409,67 @@ std::vector<int> ordinalsOf(const std::string& text) {
 }
 
 }  // namespace
+
+ShrinkCoordination DdpliteBackend::shrinkCoordination(uint64_t epoch) {
+  auto round = std::make_shared<StoreRendezvous>(rendezvous_.prefixed(strCat("shrink/", epoch, "/cuda-failed/")));
+  auto lastChecked = std::make_shared<std::map<int, Clock::time_point>>();
+  ShrinkCoordination coordination;
+  // Called between NCCL's polls (every 100 us): the store is asked at most every 100 ms per device.
+  coordination.othersGaveUp = [round, lastChecked](int ordinal) {
+    auto& last = (*lastChecked)[ordinal];
+    if (Clock::now() - last < std::chrono::milliseconds(100)) return false;
+    last = Clock::now();
+    return round->has(std::to_string(ordinal)).value_or(false);
+  };
+  coordination.giveUp = [round](int ordinal) {
+    try {
+      round->set(std::to_string(ordinal), "1");
+    } catch (const std::exception&) {
+      // The store is gone: the others' shrink ends at its deadline instead.
+    }
+  };
+  return coordination;
+}
+
+void DdpliteBackend::keepDevicesEverySurvivorShrunk(const OpContext& ctx, uint64_t epoch,
+                                                    const std::vector<int>& survivors,
+                                                    std::unique_ptr<CudaSplit>& shrunk) {
+  StoreRendezvous round = rendezvous_.prefixed(strCat("shrink/", epoch, "/cuda-made/"));
+  std::vector<int> kept = shrunk ? shrunk->ordinals() : std::vector<int>{};
+  std::string mine;
+  for (int ordinal : kept) mine += strCat(ordinal, ",");
+  const Deadline until = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
+  try {
+    round.set(std::to_string(rank_), mine);
+    for (int r : survivors) {
+      if (r == rank_) continue;
+      while (!round.has(std::to_string(r)).value_or(false)) {
+        if (peerProcessEnded(r) || Clock::now() >= until) {
+          throwDistError(ctx, strCat("shrink #", epoch, ": rank ", r, " did not say which CUDA communicators it "
+                                     "shrunk (", peerProcessEnded(r) ? "its process has ended" : "the group's timeout passed",
+                                     ")"),
+                         strCat("rank ", r, " may have failed during shrink_group: shrink again without it"));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      const std::vector<int> theirs =
+          ordinalsOf(round.get(std::to_string(r), strCat("rank ", r, "'s shrunk CUDA devices in shrink #", epoch)));
+      std::vector<int> both;
+      for (int ordinal : kept) {
+        if (std::find(theirs.begin(), theirs.end(), ordinal) != theirs.end()) both.push_back(ordinal);
+      }
+      kept = std::move(both);
+    }
+  } catch (const c10::DistBackendError&) {
+    throw;
+  } catch (const std::exception& error) {
+    throwDistError(ctx, strCat("shrink #", epoch, ": the group's store could not be reached: ", error.what()),
+                   "the store must outlive the failed ranks");
+  }
+  if (!shrunk) return;
+  shrunk->keepOnly(kept);  // a device one survivor could not shrink gets a new communicator on every one
+  if (kept.empty()) shrunk.reset();
+}
 
 std::vector<int> DdpliteBackend::agreeOnExclusion(const OpContext& ctx, uint64_t epoch,
                                                   const std::vector<int>& excluded, const std::string& cudaReady,

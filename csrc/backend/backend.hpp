@@ -287,6 +287,13 @@ class DdpliteBackend final : public c10d::Backend {
   // Whether `peer`'s process is known to have ended: it shares this host (its identity, published
   // at construction under "proc/<rank>") and its pid no longer runs. False when unknown.
   bool peerProcessEnded(int peer);
+  // shrink, CUDA: the store keys through which the survivors stop each other's ncclCommShrink on a
+  // device where one of them failed (CudaPath::shrink), and the round after it: each survivor says
+  // which devices it shrunk, and keeps only those every survivor shrunk (the rest get a new
+  // communicator on every survivor). Caller's thread.
+  ShrinkCoordination shrinkCoordination(uint64_t epoch);
+  void keepDevicesEverySurvivorShrunk(const OpContext& ctx, uint64_t epoch, const std::vector<int>& survivors,
+                                      std::unique_ptr<CudaSplit>& shrunk);
   // shrink's agreement round (see shrink): returns the survivors, sorted. Each survivor also
   // publishes `cudaReady` (CudaPath::shrinkReadiness) before its list; `cudaAgreed` gets the
   // devices every survivor named (all of them shrink those communicators, or none does).

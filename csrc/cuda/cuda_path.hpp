@@ -45,6 +45,19 @@ struct CudaPathDeps {
 class CudaSplit {
  public:
   virtual ~CudaSplit() = default;
+  // The ordinals (parent's order of first use) of the devices it holds a communicator for.
+  virtual std::vector<int> ordinals() const = 0;
+  // Aborts and drops the communicators of the other devices (shrink: what not every survivor made).
+  virtual void keepOnly(const std::vector<int>& ordinals) = 0;
+};
+
+// How the survivors of a shrink_group tell each other that a device's ncclCommShrink failed on
+// one of them (store keys the backend owns): the others stop waiting in theirs (checked at most
+// every 100 ms while NCCL is in progress), and every survivor makes that device's communicator
+// anew on the new group's first op instead.
+struct ShrinkCoordination {
+  std::function<bool(int ordinal)> othersGaveUp;
+  std::function<void(int ordinal)> giveUp;
 };
 
 class CudaPath {
@@ -109,7 +122,8 @@ class CudaPath {
   // its own on its first CUDA op). Both before the backend aborts this group.
   virtual std::string shrinkReadiness(bool abortPending) = 0;
   virtual std::unique_ptr<CudaSplit> shrink(const std::vector<int>& excluded, bool abortPending,
-                                            const std::vector<int>& agreedOrdinals) = 0;
+                                            const std::vector<int>& agreedOrdinals,
+                                            const ShrinkCoordination& coordination) = 0;
   // The new group's path, before its first op: takes over the split (or shrunk) communicators.
   virtual void adopt(std::unique_ptr<CudaSplit> split) = 0;
 

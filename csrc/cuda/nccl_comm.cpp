@@ -180,7 +180,8 @@ std::unique_ptr<NcclComm> NcclComm::split(NcclComm& parent, int color, int key, 
 
 std::unique_ptr<NcclComm> NcclComm::shrink(NcclComm& parent, const std::vector<int>& excluded, int ncclFlags,
                                            int expectedSize, const OpContext& ctx,
-                                           std::chrono::steady_clock::time_point deadline) {
+                                           std::chrono::steady_clock::time_point deadline,
+                                           const std::function<bool()>& othersGaveUp) {
 #if DDPLITE_NCCL_HAS_SHRINK
   Lease lease(parent);  // exclusive use of the parent's handle while NCCL shrinks it
   if (lease.comm() == nullptr) {
@@ -201,7 +202,7 @@ std::unique_ptr<NcclComm> NcclComm::shrink(NcclComm& parent, const std::vector<i
   std::vector<int> exclude(excluded);  // ncclCommShrink takes a non-const list
   const ncclResult_t started = ncclCommShrink(lease.comm(), exclude.data(), static_cast<int>(exclude.size()), slot,
                                               &config, ncclFlags);
-  const auto cancelled = [&lease] { return lease.abortRequested(); };
+  const auto cancelled = [&lease, &othersGaveUp] { return lease.abortRequested() || othersGaveUp(); };
   ncclComm_t child = nullptr;
   try {
     check(ctx, "ncclCommShrink", started, lease.comm());
@@ -230,7 +231,7 @@ std::unique_ptr<NcclComm> NcclComm::shrink(NcclComm& parent, const std::vector<i
               " (", excluded.size(), " rank(s) excluded, flags ", ncclFlags, ")");
   return std::unique_ptr<NcclComm>(new NcclComm(child, parent.device()));
 #else
-  (void)parent, (void)excluded, (void)ncclFlags, (void)expectedSize, (void)ctx, (void)deadline;
+  (void)parent, (void)excluded, (void)ncclFlags, (void)expectedSize, (void)ctx, (void)deadline, (void)othersGaveUp;
   return nullptr;  // NCCL < 2.27: the new group makes its own communicator on its first op
 #endif
 }

@@ -63,9 +63,11 @@ class NcclComm {
   // `deadline`; the `excluded` parent ranks take no part): the survivors' communicator, checked to
   // have `expectedSize` ranks. `ncclFlags`: NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT (rules::shrinkPlan).
   // When it fails the parent is aborted and the error raised. nullptr where NCCL has no shrink.
+  // `othersGaveUp()` (cheap to call often): another survivor's shrink failed; stop and raise.
   static std::unique_ptr<NcclComm> shrink(NcclComm& parent, const std::vector<int>& excluded, int ncclFlags,
                                           int expectedSize, const OpContext& ctx,
-                                          std::chrono::steady_clock::time_point deadline);
+                                          std::chrono::steady_clock::time_point deadline,
+                                          const std::function<bool()>& othersGaveUp);
   // ncclCommFinalize (polled up to kFinalizeWait) and ncclCommDestroy; ncclCommAbort when it does
   // not settle in time. Nothing when aborted.
   ~NcclComm();

@@ -147,6 +147,22 @@ struct NcclSplit final : CudaSplit {
     int minCompCap;
   };
   std::map<int, Device> devices;  // by the parent's ordinal of the device
+
+  std::vector<int> ordinals() const override {
+    std::vector<int> held;
+    for (const auto& [ordinal, device] : devices) held.push_back(ordinal);
+    return held;
+  }
+  void keepOnly(const std::vector<int>& keep) override {
+    for (auto it = devices.begin(); it != devices.end();) {
+      if (std::find(keep.begin(), keep.end(), it->first) != keep.end()) {
+        ++it;
+        continue;
+      }
+      it->second.comm->abort();  // not finalize: its peers may not have one to pair with
+      it = devices.erase(it);
+    }
+  }
 };
 }  // namespace
 
@@ -194,9 +210,10 @@ std::string NcclPath::shrinkReadiness(bool abortPending) {
     std::lock_guard<std::mutex> lock(brokenMutex_);
     broken = !brokenReason_.empty();
   }
-  // NCCL_SHRINK_DEFAULT must not meet outstanding work on the parent (it may deadlock).
+  // NCCL_SHRINK_DEFAULT must not meet outstanding work on the parent (it may deadlock). A work
+  // whose kernel ended is retired by the watchdog's next poll: allow a few polls for that.
   const auto watchdog = currentWatchdog();
-  const bool idle = !watchdog || watchdog->drain(std::chrono::steady_clock::now());
+  const bool idle = !watchdog || watchdog->drain(std::chrono::steady_clock::now() + std::chrono::milliseconds(50));
   std::string ready;
   for (auto& [index, state] : devices_) {
     if (state.staged || !state.comm) continue;
@@ -214,19 +231,21 @@ std::string NcclPath::shrinkReadiness(bool abortPending) {
 }
 
 std::unique_ptr<CudaSplit> NcclPath::shrink(const std::vector<int>& excluded, bool abortPending,
-                                            const std::vector<int>& agreedOrdinals) {
+                                            const std::vector<int>& agreedOrdinals,
+                                            const ShrinkCoordination& coordination) {
   if (agreedOrdinals.empty()) return nullptr;
-  auto made = std::make_unique<NcclSplit>();
-  std::lock_guard<std::mutex> order(deps_.orderMutex);
-  std::lock_guard<std::mutex> init(initMutex_);
-  const OpContext ctx{deps_.rank, deps_.size, "shrink_group", deps_.seq.load()};
   if (abortPending) {
     // NCCL_SHRINK_ABORT makes the parent's kernels exit: their end events would read as success.
+    // Before the locks: failing a work runs its future's callbacks, which may issue ops.
     if (auto watchdog = currentWatchdog()) {
       watchdog->failAll(WatchdogFailure{"shrink_group(SHRINK_ABORT) aborted this work before it finished",
                                         "its output is undefined; run it again on the shrunk group"});
     }
   }
+  auto made = std::make_unique<NcclSplit>();
+  std::lock_guard<std::mutex> order(deps_.orderMutex);
+  std::lock_guard<std::mutex> init(initMutex_);
+  const OpContext ctx{deps_.rank, deps_.size, "shrink_group", deps_.seq.load()};
   const auto deadline = std::chrono::steady_clock::now() + deps_.resolveTimeout(std::chrono::milliseconds(-1));
   const int survivors = deps_.size - static_cast<int>(excluded.size());
   // In the parent's order of first use (the same on every survivor), as split pairs them.
@@ -238,16 +257,17 @@ std::unique_ptr<CudaSplit> NcclPath::shrink(const std::vector<int>& excluded, bo
   for (auto& [ordinal, entry] : byOrdinal) {
     auto& [index, state] = entry;
     std::unique_ptr<NcclComm> child;
+    const int deviceOrdinal = ordinal;
     try {
       child = NcclComm::shrink(*state->comm, excluded, abortPending ? rules::kNcclShrinkAbort : rules::kNcclShrinkDefault,
-                               survivors, ctx, deadline);
+                               survivors, ctx, deadline, [&] { return coordination.othersGaveUp(deviceOrdinal); });
     } catch (const std::exception& error) {
-      for (auto& [doneOrdinal, device] : made->devices) device.comm->abort();  // not finalize: the group failed
-      failGroup(WatchdogFailure{strCat("shrink_group: ncclCommShrink failed on ", state->comm->device(), ": [",
-                                       messageOf(error), "]; the NCCL communicators were aborted"),
-                                "pass the same ranks to exclude on every survivor; after a hang, use "
-                                "shrink_flags=SHRINK_ABORT"});
-      throw;
+      // The parent was aborted (NcclComm::shrink does it): every survivor drops this device's
+      // shrink and the new group makes its communicator on its first op.
+      coordination.giveUp(deviceOrdinal);
+      DDPLITE_LOG(kWarn, ctx.describe(), ": ncclCommShrink on ", state->comm->device(), " did not finish (",
+                  messageOf(error), "); the shrunk group makes its own communicator there on its first CUDA op");
+      continue;
     }
     if (!child) continue;
     std::vector<rules::GpuIdentity> kept;

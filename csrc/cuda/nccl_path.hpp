@@ -81,7 +81,8 @@ class NcclPath final : public CudaPath {
   std::unique_ptr<CudaSplit> split(const std::vector<int>& members) override;
   std::string shrinkReadiness(bool abortPending) override;
   std::unique_ptr<CudaSplit> shrink(const std::vector<int>& excluded, bool abortPending,
-                                    const std::vector<int>& agreedOrdinals) override;
+                                    const std::vector<int>& agreedOrdinals,
+                                    const ShrinkCoordination& coordination) override;
   void adopt(std::unique_ptr<CudaSplit> split) override;
   void startCoalescing() override;
   void endCoalescing() override;

@@ -67,7 +67,8 @@ class StagedPath final : public CudaPath {
   void connect(at::Device) override {}
   std::unique_ptr<CudaSplit> split(const std::vector<int>&) override { return nullptr; }
   std::string shrinkReadiness(bool) override { return {}; }
-  std::unique_ptr<CudaSplit> shrink(const std::vector<int>&, bool, const std::vector<int>&) override {
+  std::unique_ptr<CudaSplit> shrink(const std::vector<int>&, bool, const std::vector<int>&,
+                                    const ShrinkCoordination&) override {
     return nullptr;
   }
   void adopt(std::unique_ptr<CudaSplit>) override {}
