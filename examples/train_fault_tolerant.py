@@ -53,6 +53,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
+def say(line):
+    """One write per line: the ranks share the terminal (and torchrun may run them unbuffered, where
+    print writes the text and its newline apart and another rank's line can land between them)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=4, help="ranks to start")
@@ -128,9 +135,9 @@ def recover(model, optimizer, args, epoch, step, global_step, error, started):
     failed = torch_ddp_lite.failed_ranks()
     old_rank, old_size = dist.get_rank(), dist.get_world_size()
     dist.shrink_group(failed)
-    print(f"rank {old_rank}/{old_size}: lost rank(s) {failed} at step {global_step} ({type(error).__name__} after "
-          f"{noticed:.2f} s); carrying on as rank {dist.get_rank()}/{dist.get_world_size()} "
-          f"{time.monotonic() - started:.2f} s after the step began", flush=True)
+    say(f"rank {old_rank}/{old_size}: lost rank(s) {failed} at step {global_step} ({type(error).__name__} after "
+        f"{noticed:.2f} s); carrying on as rank {dist.get_rank()}/{dist.get_world_size()} "
+        f"{time.monotonic() - started:.2f} s after the step began")
     if args.checkpoint_at_shrink and dist.get_rank() == 0:
         save_checkpoint(args.checkpoint_at_shrink, model.module, optimizer, epoch, step, global_step)
     return DistributedDataParallel(model.module)
@@ -167,7 +174,7 @@ def train(args):
             images, labels = batches[step]
             if rank == args.kill_rank and global_step == args.kill_at_step and restarts == 0:
                 if args.report_times:
-                    print(f"rank {rank}: SIGKILL at t={time.time():.3f}", flush=True)
+                    say(f"rank {rank}: SIGKILL at t={time.time():.3f}")
                 os.kill(os.getpid(), signal.SIGKILL)
             started = time.monotonic()
             try:
@@ -187,11 +194,11 @@ def train(args):
             if args.checkpoint and dist.get_rank() == 0:
                 save_checkpoint(args.checkpoint, model.module, optimizer, epoch, step, global_step)
             if recovering and args.report_times:
-                print(f"rank {rank}: first step after the failure done at t={time.time():.3f}", flush=True)
+                say(f"rank {rank}: first step after the failure done at t={time.time():.3f}")
             recovering = False
         epoch, first_step = epoch + 1, 0
         if dist.get_rank() == 0 and loss is not None:
-            print(f"epoch {epoch}: loss {loss.item():.4f} on {dist.get_world_size()} ranks", flush=True)
+            say(f"epoch {epoch}: loss {loss.item():.4f} on {dist.get_world_size()} ranks")
     if args.save_params and dist.get_rank() == 0:
         torch.save([p.detach().clone() for p in model.module.parameters()], args.save_params)
     dist.destroy_process_group()
