@@ -61,6 +61,23 @@ def _rank_entry(fn, rank, world_size, store_path, backend, pg_timeout_s, env, ar
         results.put((rank, "error", traceback.format_exc()))
 
 
+def _stacks_of(pid):
+    """Every thread's native stack of a process that would not exit (gdb, where installed), so a
+    teardown hang seen once in CI says where it was."""
+    import shutil
+    import subprocess
+
+    if shutil.which("gdb") is None:
+        return "(gdb is not installed: no stacks)"
+    try:
+        done = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
+                              capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        return "(gdb did not answer within 90 s)"
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("Thread ", "#"))]
+    return "\n".join(lines[-400:]) or done.stderr[-2000:]
+
+
 def run_ranks(fn, world_size, *args, backend="ddplite", timeout_s=240, pg_timeout_s=120, env=None,
               may_exit=()):
     """Returns [result of rank 0, ..., result of rank N-1].
@@ -96,15 +113,18 @@ def run_ranks(fn, world_size, *args, backend="ddplite", timeout_s=240, pg_timeou
                 if time.monotonic() > deadline:
                     raise RankFailed(f"hang: rank(s) {waiting} did not finish within {timeout_s} s")
         finally:
-            for process in processes:
+            stuck_stacks = {}
+            for rank, process in enumerate(processes):
                 process.join(timeout=10)
                 if process.is_alive():
+                    stuck_stacks[rank] = _stacks_of(process.pid)
                     process.kill()
                     process.join()
     errors = [f"--- rank {r} ---\n{value}" for r, (status, value) in sorted(outcomes.items()) if status == "error"]
     if not errors:
         # A rank that reported its result must then exit cleanly (destroy_process_group included).
         errors = [f"--- rank {rank} ---\nexited with code {process.exitcode} after reporting its result"
+                  + (f" (it did not exit within 10 s; its threads then:\n{stuck_stacks[rank]})" if rank in stuck_stacks else "")
                   for rank, process in enumerate(processes) if rank not in may_exit and process.exitcode != 0]
     if errors:
         raise RankFailed("\n".join(errors))

@@ -135,3 +135,12 @@ def job_with_key_file(rank, world_size, store_path, key_files):
     except Exception as error:  # noqa: BLE001 - the type and text are the result
         outcome["error"] = (type(error).__name__, str(error))
     return outcome
+
+
+def plain_allreduce(rank, world_size):
+    """An all_reduce of rank + 1 on the group's path; returns (path, the sum)."""
+    import torch_ddp_lite
+
+    tensor = torch.full((5,), float(rank + 1))
+    dist.all_reduce(tensor)
+    return torch_ddp_lite.cpu_path()[0], tensor[0].item()

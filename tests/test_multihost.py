@@ -368,12 +368,23 @@ def test_hierarchical_allreduce_across_hosts(hosts, layout):
     assert network.pids() == []
 
 
-KILLED_RANK = """
+STORE_HOST = """
+import sys, time
+import torch.distributed as dist
+store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=True, wait_for_workers=False)
+print("STORE READY", flush=True)
+time.sleep(3600)
+"""
+
+KILLED_THEN_SHRUNK_RANK = """
 import json, os, signal, sys, time
 from datetime import timedelta
 import torch, torch.distributed as dist
-url, rank, size, victim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=300))
+import torch_ddp_lite
+host, port, rank, size, victim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+store = dist.TCPStore(host, port, is_master=False)  # hosted apart, as torchrun's agent does: it outlives rank 0
+dist.init_process_group("ddplite", store=store, rank=rank, world_size=size, timeout=timedelta(seconds=300))
+outcome = {"path_before": torch_ddp_lite.cpu_path()[0]}
 tensor = torch.ones(4_000_000)
 dist.all_reduce(tensor)  # everyone is in, connected and warm
 if rank == victim:
@@ -382,39 +393,82 @@ start = time.monotonic()
 try:
     for _ in range(1000):
         dist.all_reduce(tensor)
-    outcome = {"raised": None}
+    outcome.update(raised=None)
 except Exception as error:
-    outcome = {"raised": type(error).__name__, "message": str(error)}
+    outcome.update(raised=type(error).__name__, message=str(error))
 outcome["seconds"] = time.monotonic() - start
+failed = torch_ddp_lite.failed_ranks(wait=2.0)
+outcome["failed"] = failed
+dist.shrink_group(failed)
+survivors = [r for r in range(size) if r not in failed]
+new_rank, new_size = dist.get_rank(), dist.get_world_size()
+outcome.update(new_rank=new_rank, new_size=new_size, path_after=list(torch_ddp_lite.cpu_path()))
+small = torch.full((1001,), float(rank + 1))
+dist.all_reduce(small)
+big = torch.full((3_000_001,), float(rank + 1))  # several 512 KiB chunks inside each host
+dist.all_reduce(big)
+gathered = [torch.zeros(3) for _ in range(new_size)]
+dist.all_gather(gathered, torch.full((3,), float(rank)))
+root = torch.arange(5.0) * (new_rank + 1)
+dist.broadcast(root, src=new_size - 1)
+total = float(sum(r + 1 for r in survivors))
+outcome["sums"] = [bool(torch.equal(small, torch.full_like(small, total))),
+                   bool(torch.equal(big, torch.full_like(big, total)))]
+outcome["gathered"] = [g[0].item() for g in gathered]
+outcome["broadcast"] = root.tolist()
+dist.destroy_process_group()
 print("OUTCOME " + json.dumps(outcome), flush=True)
-time.sleep(3)  # rank 0 holds the store, where the others read the first failure of the group
-os._exit(0)
 """
 
 
-@pytest.mark.parametrize("victim", [3, 2], ids=["non-leader", "leader"])
-def test_rank_killed_in_hierarchical_allreduce_is_reported_everywhere(hosts, victim):
-    """2 hosts x 2 ranks, all_reduce hierarchical, group timeout 300 s: kill -9 of a rank of host 1
-    (its leader, rank 2, or rank 3) makes every survivor raise a DistBackendError within seconds,
-    on either host (inside a host the segment's liveness probe sees it; across hosts the leaders'
-    TCP connections); nothing is left in /dev/shm."""
+@pytest.mark.parametrize("victim", [3, 2, 0], ids=["non-leader", "leader", "rank-0"])
+def test_rank_killed_across_hosts_is_reported_everywhere_and_the_survivors_shrink(hosts, victim):
+    """2 hosts x 2 ranks, all_reduce hierarchical, group timeout 300 s, the store hosted apart (as
+    torchrun's agent does): kill -9 of a rank (host 1's leader, rank 2; rank 3; or rank 0, the
+    leader of the leaders) makes every survivor raise a DistBackendError within seconds, on either
+    host (inside a host the segment's liveness probe sees it; across hosts the leaders' TCP
+    connections). The survivors agree on [victim] (failed_ranks), shrink_group, and the 3-rank group
+    across the 2 hosts is hierarchical again and gives the closed forms of all_reduce (small and 12
+    MB), all_gather and broadcast. Nothing is left in /dev/shm."""
     network = hosts(2)
-    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
     env = host_environment("eth0")
     before = {name for name in os.listdir("/dev/shm") if name.startswith("ddplite-")}
-    jobs = [start(network.run(host, [sys.executable, "-c", KILLED_RANK, url, str(rank), "4", str(victim)]), env)
-            for rank, host in enumerate([0, 0, 1, 1])]
-    results = finish(jobs, timeout=120)
+    store = start(network.run(0, [sys.executable, "-c", STORE_HOST, network.addresses[0], str(STORE_PORT)]), env)
+    try:
+        seen = []  # torch may warn first (the namespaces have no host names)
+        while not seen or seen[-1] not in ("STORE READY", ""):
+            seen.append(store.stdout.readline().strip())
+        assert seen[-1] == "STORE READY", seen
+        args = [network.addresses[0], str(STORE_PORT)]
+        jobs = [start(network.run(host, [sys.executable, "-c", KILLED_THEN_SHRUNK_RANK, *args, str(rank), "4",
+                                         str(victim)]), env)
+                for rank, host in enumerate([0, 0, 1, 1])]
+        results = finish(jobs, timeout=180)
+    finally:
+        store.kill()
+        store.wait()
+    survivors = [r for r in range(4) if r != victim]
+    new_layout = [host for rank, host in enumerate([0, 0, 1, 1]) if rank != victim]
     for rank, (returncode, output, _) in enumerate(results):
         if rank == victim:
             assert returncode == -signal.SIGKILL, output[-3000:]
             continue
         reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
-        assert reported, f"rank {rank}:\n{output[-5000:]}"
+        assert returncode == 0 and reported, f"rank {rank}:\n{output[-5000:]}"
         outcome = json.loads(reported[0][len("OUTCOME "):])
+        assert outcome["path_before"] == "hierarchical", outcome
         assert outcome["raised"] == "DistBackendError", (rank, outcome)
         assert outcome["seconds"] < 10, (rank, outcome)
         assert f"rank {victim}" in outcome["message"], (rank, outcome["message"])
+        assert outcome["failed"] == [victim], (rank, outcome)
+        assert (outcome["new_rank"], outcome["new_size"]) == (survivors.index(rank), 3), (rank, outcome)
+        path, why = outcome["path_after"]
+        hosts_ranks = [[i for i, h in enumerate(new_layout) if h == host] for host in sorted(set(new_layout))]
+        expected = "2 hosts: ranks " + " | ".join(",".join(map(str, ranks)) for ranks in hosts_ranks)
+        assert path == "hierarchical" and expected in why, (rank, path, why)
+        assert outcome["sums"] == [True, True], (rank, outcome)
+        assert outcome["gathered"] == [float(r) for r in survivors], (rank, outcome)
+        assert outcome["broadcast"] == [3.0 * i for i in range(5)], (rank, outcome)
     assert network.pids() == []
     assert {name for name in os.listdir("/dev/shm") if name.startswith("ddplite-")} <= before
 

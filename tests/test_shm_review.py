@@ -7,7 +7,8 @@ defect showed, and failed before its fix.
 * a broadcast that is a rank's last op still has its check settled, at shutdown;
 * a non-root checks the other non-roots too (a second "root" is found by every rank);
 * reduce_scatter never writes past a chunk when P elements do not fit one (it goes over TCP);
-* rank 0 waits for its peers to attach the segment at most 30 s of its own, then unlinks it.
+* rank 0 waits for its peers to attach the segment at most 30 s of its own, then unlinks it;
+* a name left by a group killed in that window goes with the next group set up on the host.
 """
 
 import os
@@ -119,3 +120,54 @@ def test_rank_zero_unlinks_the_segment_when_a_peer_never_attaches():
     assert left == set(), outputs[0][-3000:]
     assert "did not attach the segment within 30 s" in outputs[0], outputs[0][-3000:]
     assert _segments() & made == set()
+
+
+def _pid_namespace():
+    return os.readlink("/proc/self/ns/pid").split("[")[1].rstrip("]")
+
+
+def _ended_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_segment_left_by_a_group_killed_in_its_set_up_goes_with_the_next_group_on_the_host():
+    """Every rank of a group is killed (kill -9) while rank 0 waits for rank 1 to attach (the
+    window segment.hpp names; a launcher ending a job during its set-up): the name stays in
+    /dev/shm. The next group's rank 0 removes it before making its own, because the name carries
+    its creator's pid and pid namespace; names whose creator lives, or from another pid namespace,
+    stay."""
+    before = _segments()
+    namespace, ended = _pid_namespace(), _ended_pid()
+    live_name = f"ddplite-{'a' * 16}-{os.getpid()}-{namespace}"   # its creator (this test) lives
+    foreign_name = f"ddplite-{'b' * 16}-{ended}-1"                # another pid namespace
+    for name in (live_name, foreign_name):
+        open(os.path.join("/dev/shm", name), "wb").close()
+    try:
+        env = dict(os.environ, DDPLITE_TEST_HOOKS="shm_stall_attach=1")
+        with tempfile.TemporaryDirectory(prefix="ddplite-test-") as folder:
+            store = os.path.join(folder, "store")
+            ranks = [subprocess.Popen([sys.executable, "-c", STALLED_ATTACH, store, str(rank)], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for rank in (0, 1)]
+            try:
+                deadline = time.monotonic() + 20
+                while not (_segments() - before - {live_name, foreign_name}) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            finally:
+                for process in ranks:
+                    process.kill()
+                    process.wait()
+        left = _segments() - before - {live_name, foreign_name}
+        assert len(left) == 1, left
+        (left_name,) = left
+        assert left_name.endswith(f"-{ranks[0].pid}-{namespace}"), (left_name, ranks[0].pid)
+        results = run_ranks(rw.plain_allreduce, 2, env={**SHM, "DDPLITE_DEBUG": "INFO"})
+        assert results == [("shm", 3.0), ("shm", 3.0)]
+        assert left_name not in _segments()
+        assert {live_name, foreign_name} <= _segments()
+    finally:
+        for name in (live_name, foreign_name):
+            if os.path.exists(os.path.join("/dev/shm", name)):
+                os.unlink(os.path.join("/dev/shm", name))
+    assert _segments() <= before

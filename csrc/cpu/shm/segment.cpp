@@ -5,17 +5,22 @@
 #include "cpu/transport/transport.hpp"
 #include "common/logging.hpp"
 
+#include <c10/util/StringUtil.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
 #include <thread>
+#include <vector>
 
 namespace ddplite::cpu {
 
@@ -51,6 +56,52 @@ std::string randomNonce() {
   char text[17];
   std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
   return text;
+}
+
+// This process's pid namespace as its inode number ("4026531836"); empty where /proc says nothing.
+std::string pidNamespace() {
+  char link[64] = {};
+  const ssize_t n = readlink("/proc/self/ns/pid", link, sizeof(link) - 1);  // "pid:[4026531836]"
+  const std::string text = n > 0 ? std::string(link, static_cast<size_t>(n)) : std::string();
+  const size_t open = text.find('['), close = text.find(']');
+  return open != std::string::npos && close > open + 1 ? text.substr(open + 1, close - open - 1) : std::string();
+}
+
+// A segment's name: /ddplite-<nonce>-<creator pid>-<creator's pid namespace>. The creator (rank
+// 0) unlinks it at set-up step 4; a name still in /dev/shm whose creator has ended was left by a
+// kill between steps 2 and 4 (see segment.hpp), and no rank can still be using it to any end: its
+// group's set-up cannot finish without rank 0's verdict.
+std::string segmentName(const std::string& pidNs) {
+  return strCat("/ddplite-", randomNonce(), "-", getpid(), "-", pidNs.empty() ? "0" : pidNs);
+}
+
+// Unlinks the names in /dev/shm that segmentName() made in this pid namespace for a process that
+// no longer exists (kill(pid, 0): ESRCH); returns them. Names from other pid namespaces (another
+// container sharing /dev/shm) are left alone: their pids mean nothing here. A pid reused since
+// leaves its name in place (harmless: one segment's pages until the next reboot).
+std::vector<std::string> unlinkSegmentsOfEndedCreators(const std::string& pidNs) {
+  std::vector<std::string> removed;
+  if (pidNs.empty()) return removed;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return removed;
+  const std::string suffix = "-" + pidNs;
+  while (const dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.rfind("ddplite-", 0) != 0 || name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const std::string head = name.substr(0, name.size() - suffix.size());  // ddplite-<nonce>-<pid>
+    const size_t dash = head.rfind('-');
+    char* end = nullptr;
+    const long pid = std::strtol(head.c_str() + dash + 1, &end, 10);
+    if (dash <= std::strlen("ddplite") || pid <= 0 || *end != '\0') continue;
+    if (kill(static_cast<pid_t>(pid), 0) == -1 && errno == ESRCH && shm_unlink(("/" + name).c_str()) == 0) {
+      removed.push_back(name);
+    }
+  }
+  closedir(dir);
+  return removed;
 }
 
 // Maps `fd` (already `bytes` long) read-write and shared; nullptr with errno on failure.
@@ -143,7 +194,13 @@ ShmSegment::Outcome ShmSegment::create(StoreRendezvous& rendezvous, int rank, in
   char* base = nullptr;
   Cleanup cleanup{&name, &base, bytes};
   if (rank == 0) {
-    name = "/ddplite-" + randomNonce();
+    const std::string pidNs = pidNamespace();
+    const std::vector<std::string> stale = unlinkSegmentsOfEndedCreators(pidNs);
+    if (!stale.empty()) {
+      DDPLITE_LOG(kInfo, "rank 0/", size, " removed ", stale.size(), " segment(s) from /dev/shm whose creator had "
+                  "been killed during its group's set-up: ", c10::Join(", ", stale));
+    }
+    name = segmentName(pidNs);
     base = createAndMap(name, bytes, &why);
     rendezvous.set("shm/name", base != nullptr ? "ok " + name : "failed " + why);
     if (base == nullptr) return {nullptr, why};

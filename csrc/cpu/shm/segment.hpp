@@ -3,7 +3,8 @@
 // Life cycle (all through the group's c10d store, so every rank takes the same branch):
 //   1. every rank publishes its host identity (host name, boot id, network namespace), and the
 //      segment is used only when all ranks of the group share one (else: notOnOneHost);
-//   2. rank 0 creates /dev/shm/ddplite-<random nonce> (O_EXCL, mode 0600), reserves its pages
+//   2. rank 0 creates /dev/shm/ddplite-<random nonce>-<its pid>-<its pid namespace> (O_EXCL,
+//      mode 0600), reserves its pages
 //      with posix_fallocate (so a full /dev/shm fails here, not later with SIGBUS) and
 //      publishes the name, or the reason it could not;
 //   3. every other rank attaches and publishes "ok" or its reason;
@@ -13,7 +14,9 @@
 //      exception or a kill -9. Every rank unlinks on any set-up failure or exception it survives
 //      (a peer that died makes the store waits throw). What remains: rank 0 killed (SIGKILL, or
 //      SIGTERM without Python's handlers) between 2 and 4, normally milliseconds, at most 30 s
-//      when a peer is stuck before attaching.
+//      when a peer is stuck before attaching (a launcher ending every rank at once while they
+//      set a group up). The next group set up on the host removes such a name: before step 2,
+//      rank 0 unlinks every ddplite name of its pid namespace whose creator pid has ended.
 // The nonce makes names unique per run and group: two jobs or two groups never share a segment.
 #pragma once
 
