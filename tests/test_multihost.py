@@ -224,7 +224,8 @@ def test_two_hosts_two_ranks_each_under_torchrun(hosts, tmp_path, synthetic_dir,
         assert all(f"listens on {network.addresses[node]}:" in line and
                    "interface eth0 chosen by DDPLITE_SOCKET_IFNAME=eth" in line for line in lines), lines
     assert "launcher=torchrun world_size=4" in results[0][1] + results[1][1]
-    assert "all_reduce and broadcast within each host through shared memory" in results[0][1]
+    assert "all_reduce, broadcast, reduce, all_gather, reduce_scatter and barrier within each host through " \
+        "shared memory" in results[0][1]
     assert_same_parameters(load_checkpoint(tmp_path), one_host_four_ranks_paired_sums)
     assert network.pids() == []
 
@@ -304,7 +305,7 @@ def test_wrong_interface_fails_on_every_rank_within_the_timeout(hosts):
 
 
 HIERARCHY_RANK = """
-import json, sys
+import json, sys, time
 from datetime import timedelta
 sys.path.insert(0, sys.argv[5])
 import torch, torch.distributed as dist
@@ -312,9 +313,26 @@ import torch_ddp_lite, sweeps, shm_workers
 url, rank, size, counts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=120))
 outcome = {"path": list(torch_ddp_lite.cpu_path())}
-for name in ("allreduce", "allreduce_coalesced", "broadcast", "allgather", "reduce_scatter"):
+for late in (size - 1, 0):  # a barrier holds every rank until the last one (on either host) arrives
+    started = time.monotonic()
+    if rank == late:
+        time.sleep(0.5)
+    dist.barrier()
+    outcome[f"barrier_waited_{late}"] = time.monotonic() - started
+for name in ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "reduce_scatter"):
     result = sweeps.SWEEPS[name](rank, size, counts)
     outcome[name] = {"failures": result["failures"][:5], "checked": result["checked"]}
+# what the flight recorder says ran each collective, at the default choice
+import os, pickle, tempfile
+probe = torch.ones(2 * size)
+dist.all_reduce(probe)
+dist.broadcast(probe, src=size - 1)
+dist.reduce(probe, dst=size - 1)
+dist.all_gather_into_tensor(torch.empty(2 * size), torch.ones(2))
+dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * size))
+dist.barrier()
+with open(torch_ddp_lite.dump_flight_recorder(os.path.join(tempfile.mkdtemp(), "trace")), "rb") as dump:
+    outcome["recorded"] = [[e["profiling_name"], e["ddplite_algorithm"]] for e in pickle.load(dump)["entries"][-6:]]
 big = torch.full((3_000_001,), float(rank + 1))  # several 512 KiB chunks inside each host
 dist.all_reduce(big)
 outcome["big"] = bool(torch.equal(big, torch.full_like(big, size * (size + 1) / 2)))
@@ -329,12 +347,13 @@ print("OUTCOME " + json.dumps(outcome), flush=True)
 
 
 @pytest.mark.parametrize("layout", [[0, 0, 1, 1], [0, 1, 0], [0, 0, 0, 1]], ids=["2+2", "2+1", "3+1"])
-def test_hierarchical_allreduce_across_hosts(hosts, layout):
-    """A group across hosts whose hosts hold several ranks runs all_reduce and broadcast (from
-    every root) through shared memory inside each host and over TCP between one leader per host
-    (cpu_path says "hierarchical");
+def test_hierarchical_collectives_across_hosts(hosts, layout):
+    """A group across hosts whose hosts hold several ranks runs all_reduce, broadcast and reduce
+    (from the first and last rank), all_gather, reduce_scatter and barrier through shared memory
+    inside each host and over TCP between one leader per host (cpu_path says "hierarchical");
     every sweep (closed form and gloo, every dtype and op, each algorithm pinned and the default)
-    and a 12 MB all_reduce give exact results. send/recv between the ranks of a host go through
+    and a 12 MB all_reduce give exact results; a barrier holds every rank until the last one
+    arrives, whichever host it is on. send/recv between the ranks of a host go through
     its channels, across hosts over TCP, all exact. Layout: host of each rank (2+1: ranks 0 and 2
     on host 0, rank 1 alone on host 1)."""
     network = hosts(max(layout) + 1)
@@ -360,6 +379,10 @@ def test_hierarchical_allreduce_across_hosts(hosts, layout):
         assert p2p["path"] == ("shared-memory channels within each host, TCP between hosts" if shares_host
                                else "TCP"), (rank, p2p["path"])
         assert p2p["failures"] == [], (rank, p2p["failures"][:5])
+        for late in (len(layout) - 1, 0):
+            assert outcome.pop(f"barrier_waited_{late}") >= 0.45, (rank, late)
+        recorded = outcome.pop("recorded")
+        assert len(recorded) == 6 and all(algorithm == "hierarchical" for _, algorithm in recorded), recorded
         assert outcome.pop("big") is True
         assert outcome.pop("big_broadcast") is True
         for name, result in outcome.items():

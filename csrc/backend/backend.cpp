@@ -317,8 +317,9 @@ void DdpliteBackend::connectHostHierarchy(const std::string& spansHosts) {
     return;
   }
   cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and the group spans ", hosts_->layout(),
-                       ": all_reduce and broadcast within each host through shared memory and across hosts over TCP "
-                       "among one leader per host; other collectives over TCP");
+                       ": all_reduce, broadcast, reduce, all_gather, reduce_scatter and barrier within each host "
+                       "through shared memory and across hosts over TCP among one leader per host; gather, scatter "
+                       "and all_to_all over TCP");
   DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": ", cpuPathWhy_);
 }
 

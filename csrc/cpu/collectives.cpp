@@ -214,8 +214,22 @@ void announceTcpCollective(const CpuContext& ctx, const Fingerprint& fingerprint
   }
 }
 
-// The data path of one byte-level collective: MPI's when the group uses it; all_reduce and
-// broadcast across hosts when the group spans hosts with a segment in each (and no pin); shared memory's when
+// A byte-level collective of a group across hosts (cpu/shm/*_hierarchical.cpp).
+void runAcrossHosts(const CpuContext& ctx, Collective collective, const AlgorithmArgs& args,
+                    const Fingerprint& fingerprint, size_t bufferBytes) {
+  HostHierarchy& hosts = *ctx.hosts;
+  switch (collective) {
+    case Collective::kAllreduce: return shm::allreduceAcrossHosts(hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
+    case Collective::kBroadcast: return shm::broadcastAcrossHosts(hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
+    case Collective::kReduce: return shm::reduceAcrossHosts(hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
+    case Collective::kAllgather: return shm::allgatherAcrossHosts(hosts, args, fingerprint, ctx.refusedSeq);
+    case Collective::kReduceScatter: return shm::reduceScatterAcrossHosts(hosts, args, fingerprint, ctx.refusedSeq);
+    case Collective::kBarrier: return shm::barrierAcrossHosts(hosts, args, fingerprint, ctx.refusedSeq);
+  }
+}
+
+// The data path of one byte-level collective: MPI's when the group uses it; the hierarchical one
+// when the group spans hosts with a segment in each (and no pin); shared memory's when
 // the group has a segment and no algorithm is pinned for the collective, else the selected
 // algorithm with the transport armed with the collective's fingerprint (announced in the segment,
 // if any). `bufferBytes` as in selectAlgorithm (the same on every rank).
@@ -229,16 +243,12 @@ void runCollective(const CpuContext& ctx, Collective collective, const Algorithm
     ctx.mpi->run(collective, args, dtype, op);
     return;
   }
-  const bool acrossHosts = collective == Collective::kAllreduce || collective == Collective::kBroadcast;
-  if (ctx.hosts != nullptr && acrossHosts && !isPinned(collective)) {
+  if (ctx.hosts != nullptr && !isPinned(collective)) {
     const Fingerprint fingerprint =
         fingerprintOf(ctx, wireKindOf(collective), kShmAlgorithmIndex, "shm", dtype, reduceOp, root, bufferBytes);
     throwIfPeersSentOverTcp(ctx, fingerprint);
-    if (collective == Collective::kAllreduce) {
-      shm::allreduceAcrossHosts(*ctx.hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
-    } else {
-      shm::broadcastAcrossHosts(*ctx.hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
-    }
+    if (ctx.algorithm != nullptr) *ctx.algorithm = "hierarchical";  // the flight recorder's name for it
+    runAcrossHosts(ctx, collective, args, fingerprint, bufferBytes);
     return;
   }
   if (ctx.shm != nullptr && shmAlgorithmFor(collective) != nullptr && !isPinned(collective) &&

@@ -4,6 +4,7 @@
 
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
 #include <map>
 
 namespace ddplite::cpu {
@@ -46,6 +47,10 @@ std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous
   }
   std::unique_ptr<HostHierarchy> hierarchy(new HostHierarchy());
   hierarchy->hosts_ = static_cast<int>(hosts.size());
+  hierarchy->rank_ = rank;
+  for (const auto& ranks : hosts) {
+    hierarchy->maxRanksPerHost_ = std::max(hierarchy->maxRanksPerHost_, static_cast<int>(ranks.size()));
+  }
   hierarchy->layout_ = describeLayout(hosts);
   std::vector<int> leaders;
   const std::vector<int>* mine = nullptr;

@@ -1,11 +1,12 @@
 // A group whose ranks span hosts, seen as hosts: the ranks of each host share a segment (a
 // ShmGroup over just them), and one leader per host (its lowest rank) talks to the other hosts'
-// leaders over the group's TCP mesh. allreduce_hierarchical.cpp and broadcast_hierarchical.cpp
-// run all_reduce and broadcast on it; every other collective of such a group runs over TCP
-// among all ranks, as before. Its send/recv go
-// through channels among each host's ranks (backend: connectHostChannels).
+// leaders over the group's TCP mesh. The *_hierarchical.cpp files run all_reduce, broadcast,
+// reduce, all_gather, reduce_scatter and barrier on it; gather, scatter and all_to_all of such a
+// group run over TCP among all ranks. Its send/recv go through channels among each host's ranks
+// (backend: connectHostChannels).
 //
-// Threading: like ShmGroup (the thread that runs the group's collectives; abort() from any).
+// Threading: like ShmGroup (the thread that runs the group's collectives; abort() from any);
+// staging() belongs to that thread too.
 #pragma once
 
 #include "cpu/algorithms/selector.hpp"
@@ -33,6 +34,10 @@ class HostHierarchy {
   // The hosts' leaders as a group over TCP; null unless this rank leads its host.
   Transport* leaders() const { return leaders_.get(); }
   int hosts() const { return hosts_; }
+  // This rank (the group's numbering), and the most ranks any host holds.
+  int rank() const { return rank_; }
+  int groupSize() const { return static_cast<int>(hostOfRank_.size()); }
+  int maxRanksPerHost() const { return maxRanksPerHost_; }
   // The group's ranks on this host, ascending (this rank included; the first is the leader).
   const std::vector<int>& localRanks() const { return localRanks_; }
   // The host of group rank `rank`, numbered as the leaders' view numbers them (hosts in the order
@@ -43,6 +48,10 @@ class HostHierarchy {
   int indexOnHost(int rank) const { return indexOnHost_.at(static_cast<size_t>(rank)); }
   // "2 hosts: ranks 0,1 | 2,3"
   const std::string& layout() const { return layout_; }
+  // A buffer of at least `bytes` for a hierarchical collective's host-major copy of its data
+  // (all_gather, reduce_scatter): apart from AlgorithmArgs::scratch, which the leaders' TCP
+  // algorithm uses meanwhile. Valid until the next call; grows, never shrinks.
+  char* staging(size_t bytes) { return staging_.get(bytes); }
 
   // A leader's part of a hierarchical collective: `collective` among the leaders over TCP, with
   // the algorithm the selector picks for that many leaders and `bufferBytes`, the wire
@@ -64,6 +73,9 @@ class HostHierarchy {
   std::unique_ptr<ShmGroup> local_;
   std::unique_ptr<RankView> leaders_;
   int hosts_ = 0;
+  int rank_ = 0;
+  int maxRanksPerHost_ = 0;
+  Scratch staging_;
   std::vector<int> localRanks_;
   std::vector<int> hostOfRank_;   // by group rank
   std::vector<int> indexOnHost_;  // by group rank

@@ -52,6 +52,17 @@ void allreduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const
 // is the group's rank.
 void broadcastAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                           size_t bufferBytes, uint64_t refusedSeq);
+// reduce, all_gather, reduce_scatter and barrier of a group across hosts (*_hierarchical.cpp),
+// arguments as above (args.root of reduce is the group's rank; all_gather and reduce_scatter take
+// P blocks rank-major, as on TCP).
+void reduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
+                       size_t bufferBytes, uint64_t refusedSeq);
+void allgatherAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
+                          uint64_t refusedSeq);
+void reduceScatterAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
+                              uint64_t refusedSeq);
+void barrierAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
+                        uint64_t refusedSeq);
 void exchange(ShmGroup& group, const ExchangeArgs& args, WireKind kind);  // exchange.cpp
 
 }  // namespace ddplite::cpu::shm
