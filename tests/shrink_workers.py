@@ -111,3 +111,22 @@ def shrink_a_subgroup(rank, world_size):
     tensor = torch.full((5,), float(rank + 1))
     dist.all_reduce(tensor, group=pair)
     return {"failed": failed, "size": pair.size(), "rank": pair.rank(), "sum": tensor.tolist()}
+
+
+def excluded_rank_calls_shrink(rank, world_size):
+    """The last rank is late (4.5 s, as if stuck): the others agree it failed, shrink without it and
+    run a collective round; then the late rank calls shrink_group itself, as a rank that does not
+    know it was excluded would (it blames rank 0). It must raise, never hang nor join the
+    survivors' group."""
+    late = world_size - 1
+    if rank == late:
+        time.sleep(4.5)
+        started = time.monotonic()
+        try:
+            dist.shrink_group([0])
+            return {"raised": None}
+        except Exception as error:  # noqa: BLE001
+            return {"raised": type(error).__name__, "message": str(error), "seconds": time.monotonic() - started}
+    failed = torch_ddp_lite.failed_ranks(wait=2.0)
+    dist.shrink_group(failed)
+    return dict(_check_group(list(range(world_size - 1))), failed=failed, size=dist.get_world_size())

@@ -89,3 +89,16 @@ def test_shrink_a_subgroup():
     results = run_ranks(shrink_workers.shrink_a_subgroup, 4, pg_timeout_s=30, timeout_s=120, may_exit={2})
     for rank in (0, 1):
         assert results[rank] == {"failed": [2], "size": 2, "rank": rank, "sum": [3.0] * 5}, results[rank]
+
+
+def test_an_excluded_rank_that_calls_shrink_raises_and_the_survivors_carry_on():
+    results = run_ranks(shrink_workers.excluded_rank_calls_shrink, 3, pg_timeout_s=30, timeout_s=120)
+    for rank in (0, 1):
+        outcome = results[rank]
+        assert outcome["failed"] == [2] and outcome["size"] == 2, outcome
+        assert outcome["sum"] == 3.0 and outcome["gathered"] == [0.0, 1.0], outcome
+    late = results[2]
+    assert late["raised"] in ("DistBackendError", "RuntimeError", "ValueError"), late
+    assert "excludes [2], rank 2 among them" in late["message"] and "a rank they declared failed" in late["message"] \
+        and "Hint:" in late["message"], late
+    assert late["seconds"] < 15, late

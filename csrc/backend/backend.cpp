@@ -1340,6 +1340,19 @@ std::string listOf(const std::vector<int>& ranks) {
   for (int r : ranks) listed += strCat(listed.empty() ? "" : ", ", r);
   return strCat("[", listed, "]");
 }
+
+// Whether a list written by listOf names `rank`.
+bool listNames(const std::string& listed, int rank) {
+  const std::string inner = listed.size() >= 2 ? listed.substr(1, listed.size() - 2) : std::string();
+  size_t start = 0;
+  while (start < inner.size()) {
+    size_t comma = inner.find(',', start);
+    if (comma == std::string::npos) comma = inner.size();
+    if (std::stoi(inner.substr(start, comma - start)) == rank) return true;
+    start = comma + 1;
+  }
+  return false;
+}
 }  // namespace
 
 c10::intrusive_ptr<c10d::Backend> DdpliteBackend::shrink(const std::vector<int64_t>& excluded, int flags,
@@ -1510,6 +1523,14 @@ std::vector<int> DdpliteBackend::agreeOnExclusion(const OpContext& ctx, uint64_t
       theirs = round.get(std::to_string(r), strCat("rank ", r, "'s list of ranks to exclude in shrink #", epoch));
     } catch (const std::exception& error) {
       throwDistError(ctx, strCat("shrink #", epoch, ": the group's store could not be reached: ", error.what()), hint);
+    }
+    if (theirs != mine && listNames(theirs, rank_)) {
+      throwDistError(ctx, strCat("shrink #", epoch, ": rank ", r, " excludes ", theirs, ", rank ", rank_,
+                                 " among them, while rank ", rank_, " excludes ", mine, "; the survivors must agree, "
+                                 "and a rank they declared failed (dead, stuck or too late) cannot join the group "
+                                 "they shrink to"),
+                     "this process is out of the job: end it, or rejoin through a launcher that admits new "
+                     "ranks (torchft replica groups heal a restarted replica)");
     }
     if (theirs != mine) {
       throwDistError(ctx, strCat("shrink #", epoch, ": rank ", rank_, " excludes ", mine, " but rank ", r,
