@@ -4,7 +4,8 @@
 // The group's ranks need not be contiguous per host (ranks 0 and 2 on one host, 1 on another), so
 // the hosts' blocks travel host-major through a staging buffer (HostHierarchy::staging) of H
 // slots of M blocks (M = the most ranks any host holds; a host with fewer leaves its last slots
-// unused), then land rank-major in `data`.
+// unused), then land rank-major in `data`. Where host-major is rank order (every host holds M
+// consecutive ranks), `data` is the staging buffer and steps 1 and 4 copy nothing.
 //
 // Steps (B bytes per block, L ranks on this host, H hosts):
 //   1. this rank's block goes to its place in its host's slot; an allgather through the segment
@@ -32,10 +33,13 @@ void allgatherAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const
   const size_t block = args.count * args.elementSize;
   const size_t slot = static_cast<size_t>(hosts.maxRanksPerHost()) * block;
   const size_t slots = static_cast<size_t>(hosts.hosts());
-  char* staged = hosts.staging(slots * slot);
+  const bool inPlace = hosts.hostMajorIsRankOrder();  // 0,1 | 2,3: the slots are `data` itself
+  char* staged = inPlace ? args.data : hosts.staging(slots * slot);
   char* mySlot = staged + static_cast<size_t>(hosts.myHost()) * slot;
   const int rank = hosts.rank();
-  if (block > 0) std::memcpy(mySlot + static_cast<size_t>(hosts.indexOnHost(rank)) * block, args.data + static_cast<size_t>(rank) * block, block);
+  if (block > 0 && !inPlace) {
+    std::memcpy(mySlot + static_cast<size_t>(hosts.indexOnHost(rank)) * block, args.data + static_cast<size_t>(rank) * block, block);
+  }
   ShmGroup* group = hosts.local();
   if (group != nullptr) {
     AlgorithmArgs onHost = args;
@@ -58,7 +62,7 @@ void allgatherAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const
     broadcast(*group, fromLeader);
     group->endCollective();
   }
-  if (block == 0) return;
+  if (block == 0 || inPlace) return;
   const int size = hosts.groupSize();
   for (int owner = 0; owner < size; ++owner) {
     if (owner == rank) continue;

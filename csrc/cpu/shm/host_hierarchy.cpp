@@ -70,6 +70,14 @@ std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous
       hierarchy->indexOnHost_[static_cast<size_t>(hosts[host][index])] = static_cast<int>(index);
     }
   }
+  hierarchy->hostMajorIsRankOrder_ = true;
+  for (int member = 0; member < size; ++member) {
+    const int block = hierarchy->hostOfRank_[static_cast<size_t>(member)] * hierarchy->maxRanksPerHost_ +
+                      hierarchy->indexOnHost_[static_cast<size_t>(member)];
+    hierarchy->hostMajorIsRankOrder_ = hierarchy->hostMajorIsRankOrder_ && block == member;
+  }
+  hierarchy->hostMajorIsRankOrder_ =
+      hierarchy->hostMajorIsRankOrder_ && size == hierarchy->hosts_ * hierarchy->maxRanksPerHost_;
   // This host's segment, through keys of its own (the leader names the host).
   std::string failure;
   if (mine->size() > 1) {

@@ -38,6 +38,10 @@ class HostHierarchy {
   int rank() const { return rank_; }
   int groupSize() const { return static_cast<int>(hostOfRank_.size()); }
   int maxRanksPerHost() const { return maxRanksPerHost_; }
+  // Whether rank r sits at block hostOf(r) * maxRanksPerHost() + indexOnHost(r) (every host holds
+  // as many ranks, consecutive: 0,1 | 2,3): then the host-major order of all_gather and
+  // reduce_scatter is the rank order, and their data needs no staging copy.
+  bool hostMajorIsRankOrder() const { return hostMajorIsRankOrder_; }
   // The group's ranks on this host, ascending (this rank included; the first is the leader).
   const std::vector<int>& localRanks() const { return localRanks_; }
   // The host of group rank `rank`, numbered as the leaders' view numbers them (hosts in the order
@@ -75,6 +79,7 @@ class HostHierarchy {
   int hosts_ = 0;
   int rank_ = 0;
   int maxRanksPerHost_ = 0;
+  bool hostMajorIsRankOrder_ = false;
   Scratch staging_;
   std::vector<int> localRanks_;
   std::vector<int> hostOfRank_;   // by group rank

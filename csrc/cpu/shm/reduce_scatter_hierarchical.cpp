@@ -4,7 +4,8 @@
 // `data` is a working copy of P blocks, rank-major; rank r ends with block r reduced over every
 // rank (cpu::reduceScatterWorking). Ranks need not be contiguous per host, so the blocks are first
 // put host-major into a staging buffer (HostHierarchy::staging): H slots of M blocks (M = the most
-// ranks any host holds; unused blocks are zero and never read).
+// ranks any host holds; unused blocks are zero and never read). Where host-major is rank order
+// (every host holds M consecutive ranks), `data` is the staging buffer: no copy in or out.
 //
 // Steps (B bytes per block, L ranks on this host, H hosts):
 //   1. every rank copies its P blocks host-major into staging; the host reduces staging to its
@@ -35,10 +36,11 @@ void reduceScatterAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, c
   const size_t perHost = static_cast<size_t>(hosts.maxRanksPerHost());
   const size_t slot = perHost * block;
   const size_t slots = static_cast<size_t>(hosts.hosts());
-  char* staged = hosts.staging(slots * slot);
+  const bool inPlace = hosts.hostMajorIsRankOrder();  // 0,1 | 2,3: the slots are `data` itself
+  char* staged = inPlace ? args.data : hosts.staging(slots * slot);
   const int size = hosts.groupSize();
-  std::vector<size_t> filled(slots, 0);  // blocks of each host's slot that hold a rank's block
-  for (int owner = 0; owner < size && block > 0; ++owner) {
+  std::vector<size_t> filled(slots, inPlace ? perHost : 0);  // blocks of each host's slot that hold a rank's block
+  for (int owner = 0; owner < size && block > 0 && !inPlace; ++owner) {
     const size_t host = static_cast<size_t>(hosts.hostOf(owner));
     const size_t at = host * slot + static_cast<size_t>(hosts.indexOnHost(owner)) * block;
     std::memcpy(staged + at, args.data + static_cast<size_t>(owner) * block, block);
@@ -73,7 +75,9 @@ void reduceScatterAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, c
     group->endCollective();
   }
   const int rank = hosts.rank();
-  if (block > 0) std::memcpy(args.data + static_cast<size_t>(rank) * block, mySlot + static_cast<size_t>(hosts.indexOnHost(rank)) * block, block);
+  if (block > 0 && !inPlace) {
+    std::memcpy(args.data + static_cast<size_t>(rank) * block, mySlot + static_cast<size_t>(hosts.indexOnHost(rank)) * block, block);
+  }
 }
 
 }  // namespace ddplite::cpu::shm
