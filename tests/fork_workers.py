@@ -48,6 +48,55 @@ def killed_with_live_dataloader_workers(rank, world_size, victim, kill_time_path
         return {"raised": type(error).__name__, "message": str(error), "after_kill": raised_at - killed_at}
 
 
+def killed_while_another_process_holds_its_sockets(rank, world_size, victim, kill_time_path):
+    """`victim` starts a process that holds copies of all its sockets (`sleep`, given them with
+    pass_fds: inherited through exec, where no fork handler runs), then SIGKILLs itself while the
+    others wait in an all_reduce. Its connections stay open, so only its process tells that it
+    is gone. Each survivor reports what it raised and how long after the kill; rank 0 then ends
+    the holder."""
+    import subprocess
+
+    tensor = torch.ones(256)
+    dist.all_reduce(tensor)
+    if rank == victim:
+        sockets = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    sockets.append(int(fd))
+            except FileNotFoundError:  # the listing's own descriptor, closed by now
+                pass
+        holder = subprocess.Popen(["sleep", "120"], pass_fds=sockets)
+        with open(kill_time_path + ".holder", "w") as out:
+            out.write(f"{holder.pid} {len(sockets)}")
+    dist.barrier()
+    if rank == victim:
+        time.sleep(0.5)
+        with open(kill_time_path + ".tmp", "w") as out:
+            out.write(repr(time.time()))
+        os.rename(kill_time_path + ".tmp", kill_time_path)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(tensor)
+        outcome = {"raised": None}
+    except Exception as error:  # noqa: BLE001
+        raised_at = time.time()
+        for _ in range(100):
+            if os.path.exists(kill_time_path):
+                break
+            time.sleep(0.01)
+        with open(kill_time_path) as source:
+            killed_at = float(source.read())
+        outcome = {"raised": type(error).__name__, "message": str(error), "after_kill": raised_at - killed_at}
+    with open(kill_time_path + ".holder") as source:
+        holder_pid, outcome["sockets_held"] = (int(word) for word in source.read().split())
+    outcome["holder_alive"] = os.path.exists(f"/proc/{holder_pid}")
+    if rank == 0:
+        time.sleep(0.2)  # the other survivor has looked too
+        os.kill(holder_pid, signal.SIGKILL)
+    return outcome
+
+
 def forked_child_uses_the_group(rank, world_size):
     """Rank 0 forks a child that (1) calls a collective and a send on the inherited group, (2) runs
     what destroy_process_group and interpreter exit run, and exits. The parent's group must be

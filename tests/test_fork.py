@@ -32,6 +32,21 @@ def test_a_killed_rank_is_noticed_at_once_while_its_dataloader_workers_live(tmp_
         assert outcome["after_kill"] < 2.0, (rank, outcome)
 
 
+def test_a_killed_rank_is_noticed_by_its_process_while_another_holds_its_sockets(tmp_path):
+    """Rank 2 of 3 gives copies of all its sockets to a process it starts (pass_fds through exec:
+    no fork handler closes them), then is SIGKILLed while the others wait in a shared-memory
+    all_reduce. Its connections stay open, yet each survivor raises DistBackendError naming rank
+    2 within 2 s: the segment's waits watch the peer's process (pidfd), not only its socket."""
+    results = run_ranks(fork_workers.killed_while_another_process_holds_its_sockets, 3, 2, str(tmp_path / "killed_at"),
+                        pg_timeout_s=60, timeout_s=120, may_exit={2}, env={"DDPLITE_CPU_TRANSPORT": "auto"})
+    for rank in (0, 1):
+        outcome = results[rank]
+        assert outcome["sockets_held"] >= 2 and outcome["holder_alive"], (rank, outcome)
+        assert outcome["raised"] == "DistBackendError", (rank, outcome)
+        assert "rank 2" in outcome["message"] and "process ended" in outcome["message"], (rank, outcome["message"])
+        assert outcome["after_kill"] < 2.0, (rank, outcome)
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_forked_child_cannot_use_the_group_and_leaves_the_parents_intact(transport):
     """Rank 0 forks a child that tries an all_reduce and a send on the inherited group (each raises

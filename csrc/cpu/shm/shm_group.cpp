@@ -4,7 +4,12 @@
 #include "common/errors.hpp"
 #include "cpu/shm/futex_wait.hpp"
 
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstring>
@@ -18,13 +23,37 @@ namespace {
 constexpr auto kSpin = std::chrono::microseconds(50);
 
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
-constexpr auto kLivenessInterval = std::chrono::milliseconds(50);  // one poll() on the peer's socket
+constexpr auto kLivenessInterval = std::chrono::milliseconds(50);  // a poll() of the peer's socket and of its process
 constexpr size_t kAlignment = 64;
 constexpr size_t kMaxChunkBytes = size_t{1} << 30;
 
 // Whether a flag value has reached `target`, modulo 2^32 (steps wrap after 4 billion chunks).
 bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;
+}
+
+// This process's PID namespace, as the low 32 bits of the inode of /proc/self/ns/pid; 0 when
+// unknown. Two ranks of one segment with equal, non-zero values give pids the same meaning.
+uint32_t pidNamespaceTag() {
+  struct stat about = {};
+  if (stat("/proc/self/ns/pid", &about) != 0) return 0;
+  return static_cast<uint32_t>(about.st_ino);
+}
+
+// Whether process `pid` has ended: a pidfd polls readable once it has (a zombie too); ESRCH when
+// it is already reaped. Nothing is known (false) without pidfd_open (ENOSYS) or permission.
+bool processEnded(pid_t pid) {
+#ifdef SYS_pidfd_open
+  const long fd = syscall(SYS_pidfd_open, pid, 0);
+  if (fd < 0) return errno == ESRCH;
+  pollfd probe{static_cast<int>(fd), POLLIN, 0};
+  const bool ended = poll(&probe, 1, 0) == 1;
+  close(static_cast<int>(fd));
+  return ended;
+#else
+  (void)pid;
+  return false;
+#endif
 }
 
 const char* flagVerb(int which) {
@@ -49,7 +78,7 @@ struct alignas(kAlignment) ShmGroup::RankControl {
   // 1 once this rank broke the group (breakGroup): stored seq_cst, then every rank's `wakeups` is
   // bumped; waiters load it seq_cst after their wake ticket.
   std::atomic<uint32_t> broken;
-  uint32_t reserved;
+  uint32_t pidNamespace;            // pidNamespaceTag(); written once at set-up, like `pid`
   WireHeader headers[2];            // fingerprint of the step with that parity; written before `posted`
   // The collective this rank last ran over TCP (announceTcpCollective): a seqlock, see the header.
   std::atomic<uint32_t> tcpAnnounced;
@@ -96,11 +125,13 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
   group->processGroupRanks_ = std::move(processGroupRanks);
   RankControl& mine = group->control(rank);
   mine.pid = static_cast<uint32_t>(getpid());
+  mine.pidNamespace = pidNamespaceTag();
   const env::TestHooks hooks = env::testHooks();
   group->step_ = hooks.shmFirstStep;  // every flag "at" the step before the first
   for (auto& word : mine.flags) word.store(hooks.shmFirstStep, std::memory_order_relaxed);
   if (hooks.shmFaultRank == rank) group->faultSeq_ = hooks.shmFaultSeq;
-  // Every rank's pid and first flags are visible to the others after this store round trip.
+  // Every rank's pid, PID namespace and first flags are visible to the others after this store
+  // round trip (plain fields written before it, read only after it).
   rendezvous.allGather("shm/ready/", rank, size, "1", "every rank to map shared memory");
   return group;
 }
@@ -266,6 +297,13 @@ void ShmGroup::waitFor(int peer, Flag which, uint32_t target, Deadline deadline)
   checkNotRefusedOverTcp(peer);
 }
 
+bool ShmGroup::peerProcessEnded(int peer) const {
+  const RankControl& theirs = control(peer);
+  const uint32_t mine = control(rank_).pidNamespace;
+  if (theirs.pid == 0 || mine == 0 || theirs.pidNamespace != mine) return false;
+  return processEnded(static_cast<pid_t>(theirs.pid));
+}
+
 void ShmGroup::checkNotRefusedOverTcp(int peer) const {
   if (refusedSeq_ == 0) return;
   // Right after a refusal: a peer that ran the refused op over TCP announced it before it
@@ -293,11 +331,12 @@ void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline 
     if (now >= deadline) throwTimeout(peer, which, target);
     if (now >= nextLivenessCheck) {
       // a peer may publish its last flag and then exit: look at the flag once more first
-      if (liveness_.peerHungUp(peer) && !reached(word.load(std::memory_order_acquire), target)) {
+      const bool hungUp = liveness_.peerHungUp(peer);
+      if ((hungUp || peerProcessEnded(peer)) && !reached(word.load(std::memory_order_acquire), target)) {
         throw TransportError(TransportError::Kind::kPeerClosed, peer,
-                             strCat(describePeer(peer), " closed the connection while this rank waited for it to ",
-                                    flagVerb(static_cast<int>(which)), " step ", target,
-                                    " in shared memory; that rank probably exited or crashed"));
+                             strCat(describePeer(peer), hungUp ? " closed the connection" : "'s process ended",
+                                    " while this rank waited for it to ", flagVerb(static_cast<int>(which)), " step ",
+                                    target, " in shared memory; that rank probably exited or crashed"));
       }
       nextLivenessCheck = now + kLivenessInterval;
     }
