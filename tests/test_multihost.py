@@ -532,3 +532,45 @@ def test_refused_call_then_a_late_leader_is_no_mismatch(hosts):
         assert outcome["refused"][0] == "ValueError", (rank, outcome)
         assert outcome["result"] == ["ok", ""] and outcome["right"], (rank, outcome)
     assert network.pids() == []
+
+
+MISMATCHED_RANK = """
+import json, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+url, rank, size, odd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=60))
+dist.all_reduce(torch.ones(4))
+started = time.monotonic()
+try:
+    if rank == odd:  # the same bytes as the others' reduce_scatter, another collective
+        dist.all_gather_into_tensor(torch.empty(4 * size), torch.ones(4))
+    else:
+        dist.reduce_scatter_tensor(torch.empty(4), torch.ones(4 * size))
+    outcome = {"raised": None}
+except Exception as error:
+    outcome = {"raised": type(error).__name__, "message": str(error)}
+outcome["seconds"] = time.monotonic() - started
+print("OUTCOME " + json.dumps(outcome), flush=True)
+time.sleep(2)  # rank 0 holds the store, where the others read the first failure of the group
+"""
+
+
+def test_hierarchical_collectives_that_differ_are_a_mismatch_on_every_rank(hosts):
+    """2 hosts x 2 ranks: rank 3 (host 1, not its leader) runs all_gather while the others run
+    reduce_scatter of the same bytes. Both go hierarchically; host 1's segment sees the two
+    collectives meet, and every rank, on either host, raises a DistBackendError within seconds (the
+    group's timeout is 60 s) that says "collective mismatch", itself or quoting the first failure."""
+    network = hosts(2)
+    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
+    jobs = [start(network.run(host, [sys.executable, "-c", MISMATCHED_RANK, url, str(rank), "4", "3"]),
+                  host_environment("eth0")) for rank, host in enumerate([0, 0, 1, 1])]
+    results = finish(jobs, timeout=120)
+    for rank, (returncode, output, _) in enumerate(results):
+        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
+        assert reported, f"rank {rank}:\n{output[-5000:]}"
+        outcome = json.loads(reported[0][len("OUTCOME "):])
+        assert outcome["raised"] == "DistBackendError", (rank, outcome)
+        assert "collective mismatch" in outcome["message"], (rank, outcome["message"])
+        assert outcome["seconds"] < 15, (rank, outcome)
+    assert network.pids() == []
