@@ -55,3 +55,29 @@ def descriptors_run_out(rank, world_size, store_path, victim, headroom):
         outcome = {"type": type(error).__name__, "message": str(error)}
     outcome["seconds"] = time.monotonic() - start
     return outcome
+
+
+def many_ranks_round(rank, world_size, counts, dtypes, p2p_sizes):
+    """Every sweep (each algorithm pinned, then the automatic choice; closed form and gloo) on
+    `dtypes` and `counts`, then send/recv between every pair both ways and any-source receives;
+    returns {name: (first failures, checks made)} and the path the group took."""
+    import sweeps
+    import shm_workers
+    import torch_ddp_lite
+
+    outcome = {"path": torch_ddp_lite.cpu_path()[0]}
+    for name in ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "broadcast", "allgather",
+                 "gather_scatter", "alltoall"):
+        result = sweeps.SWEEPS[name](rank, world_size, counts, dtypes)
+        outcome[name] = (result["failures"][:5], result["checked"])
+    barrier_waits = []
+    for late in (0, world_size - 1):
+        started = time.monotonic()
+        if rank == late:
+            time.sleep(0.3)
+        dist.barrier()
+        barrier_waits.append(time.monotonic() - started)
+    outcome["barrier_waits"] = barrier_waits
+    p2p = shm_workers.p2p_through_channels(rank, world_size, p2p_sizes)
+    outcome["p2p"] = (p2p["failures"][:5], p2p["path"])
+    return outcome

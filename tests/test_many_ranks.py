@@ -1,0 +1,34 @@
+"""Correctness with many ranks on one host (issue 27): at 24 ranks in CI (float32), at 24, 32, 48
+and 64 under `bash scripts/test.sh -m exhaustive -k many_ranks` (float32, int32, bfloat16), on shared memory and on TCP, every collective (each algorithm pinned, then the automatic
+choice) against the closed form and gloo on the same inputs, counts 0, 1, an odd count and one
+past a few chunks; a barrier that waits for a late first or last rank; send/recv between every
+pair both ways, and any-source receives. More ranks than cores is the harshest case for the
+waits (2 cores here)."""
+
+import pytest
+import torch
+
+import scale_workers
+from harness import run_ranks
+
+COUNTS = [0, 1, 3, 1001]
+P2P_SIZES = [0, 1, 1000]
+QUICK, FULL = [torch.float32], [torch.float32, torch.int32, torch.bfloat16]
+CASES = [pytest.param(24, "auto", QUICK, id="24-shm"), pytest.param(24, "tcp", QUICK, id="24-tcp")] + [
+    pytest.param(size, transport, FULL, id=f"{size}-{'shm' if transport == 'auto' else 'tcp'}-all-dtypes",
+                 marks=[pytest.mark.slow, pytest.mark.exhaustive])
+    for size in (24, 32, 48, 64) for transport in ("auto", "tcp")]
+
+
+@pytest.mark.parametrize("world_size,transport,dtypes", CASES)
+def test_every_collective_and_send_recv_at_many_ranks(world_size, transport, dtypes):
+    results = run_ranks(scale_workers.many_ranks_round, world_size, COUNTS, dtypes, P2P_SIZES,
+                        pg_timeout_s=300, timeout_s=1500, env={"DDPLITE_CPU_TRANSPORT": transport})
+    for rank, outcome in enumerate(results):
+        assert outcome.pop("path") == ("shm" if transport == "auto" else "tcp"), rank
+        waits = outcome.pop("barrier_waits")
+        assert min(waits) >= 0.25, (rank, waits)  # nobody left a barrier before the late rank came
+        failures, path = outcome.pop("p2p")
+        assert failures == [], (rank, path, failures)
+        for name, (failures, checked) in outcome.items():
+            assert failures == [] and checked > 0, (rank, name, failures, checked)
