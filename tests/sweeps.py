@@ -59,8 +59,9 @@ def label_of(op):
 
 
 def reduced(tensors, dtype, op, world_size):
-    """The closed-form reduction of `tensors` (all of `dtype`): bitwise ops on the integers,
-    everything else in float64 (exact: the inputs are bounded so that every sum is)."""
+    """The closed-form reduction of `tensors` (all of `dtype`): bitwise ops on the integers, and
+    the product of integers, wrapping as the dtype does; everything else in float64 (exact: the
+    inputs are bounded so that every sum is)."""
     if op in BITWISE_OPS:  # on the tensors themselves: int64's 62 random bits do not fit a float64
         combine = {ReduceOp.BAND: torch.bitwise_and, ReduceOp.BOR: torch.bitwise_or,
                    ReduceOp.BXOR: torch.bitwise_xor}[op]
@@ -68,6 +69,14 @@ def reduced(tensors, dtype, op, world_size):
         for tensor in tensors[1:]:
             result = combine(result, tensor)
         return result
+    if op == ReduceOp.PRODUCT and not dtype.is_floating_point and dtype != torch.bool:
+        # Past about 31 ranks a product of factors in {-2, -1, 1, 2} leaves int32: the ranks'
+        # product wraps (two's complement, in any order), which int64 arithmetic cut to the dtype
+        # gives; float64 cast to the dtype would not.
+        result = tensors[0].to(torch.int64)
+        for tensor in tensors[1:]:
+            result = result * tensor.to(torch.int64)
+        return result.to(dtype)
     stacked = torch.stack([t.to(torch.float64) for t in tensors])
     if dtype == torch.bool:
         return (stacked.amax(0) > 0) if op in (ReduceOp.SUM, ReduceOp.MAX) else (stacked.amin(0) > 0)
