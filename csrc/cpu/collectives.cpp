@@ -199,11 +199,10 @@ void throwIfPeersSentOverTcp(const CpuContext& ctx, const Fingerprint& fingerpri
   }
 }
 
-void beginOnSharedMemory(const CpuContext& ctx, Fingerprint fingerprint) {
-  fingerprint.algorithm = kShmAlgorithmIndex;
-  fingerprint.algorithmName = "shm";
-  throwIfPeersSentOverTcp(ctx, fingerprint);
-  ctx.shm->beginCollective(fingerprint, ctx.refusedSeq);
+void beginOnSharedMemory(const CpuContext& ctx, const Fingerprint& fingerprint) {
+  const Fingerprint onSegment = shm::segmentPartOf(fingerprint);
+  throwIfPeersSentOverTcp(ctx, onSegment);
+  ctx.shm->beginCollective(onSegment, ctx.refusedSeq);
 }
 
 // Says in the segment(s) this rank shares that it runs `fingerprint` over TCP (ShmGroup).

@@ -27,9 +27,7 @@ namespace ddplite::cpu::shm {
 
 void allgatherAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                           uint64_t refusedSeq) {
-  Fingerprint local = fingerprint;
-  local.algorithm = kShmAlgorithmIndex;
-  local.algorithmName = "shm";
+  const Fingerprint local = segmentPartOf(fingerprint);
   const size_t block = args.count * args.elementSize;
   const size_t slot = static_cast<size_t>(hosts.maxRanksPerHost()) * block;
   const size_t slots = static_cast<size_t>(hosts.hosts());

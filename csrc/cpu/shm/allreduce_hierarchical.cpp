@@ -22,9 +22,7 @@ namespace ddplite::cpu::shm {
 
 void allreduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                           size_t bufferBytes, uint64_t refusedSeq) {
-  Fingerprint local = fingerprint;
-  local.algorithm = kShmAlgorithmIndex;
-  local.algorithmName = "shm";
+  const Fingerprint local = segmentPartOf(fingerprint);
   if (ShmGroup* group = hosts.local()) {
     AlgorithmArgs toLeader = args;
     toLeader.root = 0;

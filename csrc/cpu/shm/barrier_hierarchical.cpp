@@ -16,9 +16,7 @@ namespace ddplite::cpu::shm {
 
 void barrierAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                         uint64_t refusedSeq) {
-  Fingerprint local = fingerprint;
-  local.algorithm = kShmAlgorithmIndex;
-  local.algorithmName = "shm";
+  const Fingerprint local = segmentPartOf(fingerprint);
   ShmGroup* group = hosts.local();
   if (group != nullptr) {
     group->beginCollective(local, refusedSeq);

@@ -20,9 +20,7 @@ namespace ddplite::cpu::shm {
 
 void broadcastAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                           size_t bufferBytes, uint64_t refusedSeq) {
-  Fingerprint local = fingerprint;
-  local.algorithm = kShmAlgorithmIndex;
-  local.algorithmName = "shm";
+  const Fingerprint local = segmentPartOf(fingerprint);
   const int rootHost = hosts.hostOf(args.root);
   const bool onRootHost = hosts.myHost() == rootHost;
   ShmGroup* group = hosts.local();

@@ -49,6 +49,7 @@ std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous
   hierarchy->hosts_ = static_cast<int>(hosts.size());
   hierarchy->rank_ = rank;
   for (const auto& ranks : hosts) {
+    hierarchy->ranksOnHost_.push_back(static_cast<int>(ranks.size()));
     hierarchy->maxRanksPerHost_ = std::max(hierarchy->maxRanksPerHost_, static_cast<int>(ranks.size()));
   }
   hierarchy->layout_ = describeLayout(hosts);

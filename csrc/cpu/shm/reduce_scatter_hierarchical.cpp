@@ -23,15 +23,12 @@
 #include "cpu/shm/shm_algorithms.hpp"
 
 #include <cstring>
-#include <vector>
 
 namespace ddplite::cpu::shm {
 
 void reduceScatterAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                               uint64_t refusedSeq) {
-  Fingerprint local = fingerprint;
-  local.algorithm = kShmAlgorithmIndex;
-  local.algorithmName = "shm";
+  const Fingerprint local = segmentPartOf(fingerprint);
   const size_t block = args.count * args.elementSize;
   const size_t perHost = static_cast<size_t>(hosts.maxRanksPerHost());
   const size_t slot = perHost * block;
@@ -39,15 +36,13 @@ void reduceScatterAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, c
   const bool inPlace = hosts.hostMajorIsRankOrder();  // 0,1 | 2,3: the slots are `data` itself
   char* staged = inPlace ? args.data : hosts.staging(slots * slot);
   const int size = hosts.groupSize();
-  std::vector<size_t> filled(slots, inPlace ? perHost : 0);  // blocks of each host's slot that hold a rank's block
   for (int owner = 0; owner < size && block > 0 && !inPlace; ++owner) {
-    const size_t host = static_cast<size_t>(hosts.hostOf(owner));
-    const size_t at = host * slot + static_cast<size_t>(hosts.indexOnHost(owner)) * block;
+    const size_t at = static_cast<size_t>(hosts.hostOf(owner)) * slot + static_cast<size_t>(hosts.indexOnHost(owner)) * block;
     std::memcpy(staged + at, args.data + static_cast<size_t>(owner) * block, block);
-    ++filled[host];
   }
-  for (size_t host = 0; host < slots && block > 0; ++host) {  // the unused blocks: reduced, never read
-    std::memset(staged + host * slot + filled[host] * block, 0, (perHost - filled[host]) * block);
+  for (size_t host = 0; host < slots && block > 0 && !inPlace; ++host) {  // the unused blocks: reduced, never read
+    const size_t used = static_cast<size_t>(hosts.ranksOn(static_cast<int>(host)));
+    std::memset(staged + host * slot + used * block, 0, (perHost - used) * block);
   }
   ShmGroup* group = hosts.local();
   if (group != nullptr) {

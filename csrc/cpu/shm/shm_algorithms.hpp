@@ -31,6 +31,14 @@ inline void reduceInRankOrder(const ShmGroup& group, const AlgorithmArgs& args, 
   args.reduceMany(out, sources.data(), group.size(), count);
 }
 
+// `fingerprint` as its parts inside a host's segment name it (the path "shm"): the hierarchical
+// collectives fingerprint their segment steps so, and their leaders' part with the TCP algorithm.
+inline Fingerprint segmentPartOf(Fingerprint fingerprint) {
+  fingerprint.algorithm = kShmAlgorithmIndex;
+  fingerprint.algorithmName = "shm";
+  return fingerprint;
+}
+
 void allreduce(ShmGroup& group, const AlgorithmArgs& args);      // allreduce.cpp
 void broadcast(ShmGroup& group, const AlgorithmArgs& args);      // broadcast.cpp
 void reduce(ShmGroup& group, const AlgorithmArgs& args);         // reduce.cpp
