@@ -79,6 +79,8 @@ def main():
             aborts += [f"{name} rank {rank}: exit {outcome['codes'][rank]}" for rank in outcome["aborts"]]
             failures += [f"{name}: {error[-2000:]}" for error in outcome["errors"]]
             failures += [f"{name} rank {rank}: checks failed {names}" for rank, names in outcome["checks_failed"]]
+            if teardown == "destroy" and outcome["store_file_left"]:
+                failures.append(f"{name}: the file:// store's file outlived every rank (a ~FileStore cut short)")
             for rank, stacks in outcome["hung"].items():
                 os.makedirs(options.stacks, exist_ok=True)
                 path = os.path.join(options.stacks, f"run{index}-rank{rank}.txt")

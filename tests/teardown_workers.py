@@ -159,13 +159,23 @@ def capture_stacks(pid):
 def run_once(world_size, transport, teardown, start="forked", capture=capture_stacks):
     """One job. Returns {"exits": [seconds from done to gone, per rank], "codes": [...],
     "aborts": [rank, ...], "errors": [text, ...], "hung": {rank: stacks}, "checks_failed": [...],
-    "baseline": seconds a bare interpreter took to exit beside it (fresh; 0 when forked)}."""
+    "baseline": seconds a bare interpreter took to exit beside it (fresh; 0 when forked),
+    "store_file_left": whether the file:// store's file is still there once every rank is gone}.
+
+    torch's FileStore removes its file when the last of the job's FileStores is destroyed, so
+    after destroy_process_group on every rank the file is gone, unless some rank's ~FileStore
+    never ran to its end (it ran on a thread that the process's exit cut short: a torn entry then
+    makes the other ranks' FileStore reads spin for ever)."""
     env = {"DDPLITE_CPU_TRANSPORT": transport} if transport != "shm" else {}
     with tempfile.TemporaryDirectory(prefix="ddplite-teardown-") as folder:
-        init_method = f"file://{os.path.join(folder, 'store')}"
+        store_path = os.path.join(folder, "store")
+        init_method = f"file://{store_path}"
         if start == "forked":
-            return _run_forked(world_size, init_method, teardown, env, capture)
-        return _run_fresh(world_size, init_method, teardown, env, capture)
+            outcome = _run_forked(world_size, init_method, teardown, env, capture)
+        else:
+            outcome = _run_fresh(world_size, init_method, teardown, env, capture)
+        outcome["store_file_left"] = os.path.exists(store_path)
+        return outcome
 
 
 def _new_outcome(world_size):
@@ -281,3 +291,38 @@ def _run_fresh(world_size, init_method, teardown, env, capture):
             outcome["aborts"].append(rank)
             outcome["errors"].append(f"rank {rank} (exit {process.returncode}): {stderr[-3000:]}")
     return outcome
+
+
+def _one_all_reduce_then_destroy(rank, world_size, init_method):
+    dist.init_process_group("ddplite", init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=60))
+    tensor = torch.ones(4)
+    dist.all_reduce(tensor)
+    dist.destroy_process_group()
+    os._exit(0 if tensor.tolist() == [float(world_size)] * 4 else 3)
+
+
+def store_files_left(jobs, world_size=2):
+    """Runs `jobs` minimal jobs (init, one all_reduce, destroy, exit at once: the race between the
+    exit and threads that still hold the store is at its widest). Returns (jobs whose file://
+    store file outlived every rank, [exit codes of every rank])."""
+    from harness import _mp_context
+
+    context = _mp_context()
+    left, codes = 0, []
+    for _ in range(jobs):
+        with tempfile.TemporaryDirectory(prefix="ddplite-store-") as folder:
+            store_path = os.path.join(folder, "store")
+            processes = [context.Process(target=_one_all_reduce_then_destroy,
+                                         args=(rank, world_size, f"file://{store_path}"), daemon=True)
+                         for rank in range(world_size)]
+            for process in processes:
+                process.start()
+            for process in processes:
+                process.join(60)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+                codes.append(process.exitcode)
+            left += os.path.exists(store_path)
+    return left, codes

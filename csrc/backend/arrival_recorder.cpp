@@ -17,6 +17,8 @@ namespace {
 
 constexpr auto kRecordAfter = std::chrono::seconds(1);
 constexpr auto kPollInterval = std::chrono::milliseconds(100);
+// How long the destructor waits for a store call in progress before it detaches the thread.
+constexpr auto kJoinWithin = std::chrono::seconds(2);
 
 std::string keyOf(int rank) {
   return strCat("arrived/", rank);
@@ -42,9 +44,21 @@ struct ArrivalRecorder::Shared {
   // running with acquire, then recordAt), so the hot path pays plain stores.
   std::atomic<uint64_t> running{0};
   std::atomic<int64_t> recordAt{0};
-  std::mutex mutex;  // guards stop
-  std::condition_variable wake;
+  std::mutex mutex;  // guards stop and threadsInStore
+  std::condition_variable wake;     // stop was set
+  std::condition_variable leaving;  // threadsInStore went down
   bool stop = false;
+  // Threads that may still call the store: the recorder until its loop ends, each asker until its
+  // answer is set. Raised by the creating thread before the thread starts, lowered by the thread.
+  int threadsInStore = 1;
+
+  void leave() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      --threadsInStore;
+    }
+    leaving.notify_all();
+  }
 
   // The recording thread's loop; `recorded` is its own.
   void run() {
@@ -59,22 +73,39 @@ struct ArrivalRecorder::Shared {
       record(store, rank, seq);
       lock.lock();
     }
+    lock.unlock();
+    leave();
   }
 };
 
 ArrivalRecorder::ArrivalRecorder(const StoreRendezvous& rendezvous, int rank, int size)
     : shared_(std::make_shared<Shared>(rendezvous, rank)), size_(size) {
-  std::thread recorder([shared = shared_] { shared->run(); });
-  nameThread(recorder, "ddplite-arrival");
-  recorder.detach();
+  recorder_ = std::thread([shared = shared_] { shared->run(); });
+  nameThread(recorder_, "ddplite-arrival");
 }
 
+// Runs on the thread that destroys the backend. Joined threads have dropped their store copies
+// before this returns (see the header: a store released at exit on another thread can tear it).
 ArrivalRecorder::~ArrivalRecorder() {
-  {
-    std::lock_guard<std::mutex> lock(shared_->mutex);
-    shared_->stop = true;
+  std::unique_lock<std::mutex> lock(shared_->mutex);
+  shared_->stop = true;
+  shared_->wake.notify_all();
+  const bool allLeft = shared_->leaving.wait_for(lock, kJoinWithin, [&] { return shared_->threadsInStore == 0; });
+  lock.unlock();
+  std::lock_guard<std::mutex> askersLock(askersMutex_);
+  for (std::thread* thread : allThreads()) {
+    if (allLeft) {
+      thread->join();
+    } else {
+      thread->detach();  // still in a store call whose host does not answer: it ends at the store's timeout
+    }
   }
-  shared_->wake.notify_all();  // the thread exits at once, or after a store call in progress
+}
+
+std::vector<std::thread*> ArrivalRecorder::allThreads() {
+  std::vector<std::thread*> threads{&recorder_};
+  for (std::thread& asker : askers_) threads.push_back(&asker);
+  return threads;
 }
 
 void ArrivalRecorder::begin(uint64_t seq, std::chrono::steady_clock::time_point deadline,
@@ -93,8 +124,16 @@ std::optional<std::vector<int>> ArrivalRecorder::missingRanks(uint64_t seq, std:
   auto answer = std::make_shared<std::promise<Answer>>();
   std::future<Answer> future = answer->get_future();
   const int size = size_;
-  std::thread asker([store = shared_->store, rank = shared_->rank, size, seq, answer]() mutable {
-    record(store, rank, seq);
+  {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    ++shared_->threadsInStore;
+  }
+  std::thread asker([shared = shared_, store = shared_->store, size, seq, answer]() mutable {
+    struct Leave {
+      Shared& shared;
+      ~Leave() { shared.leave(); }
+    } leaveOnReturn{*shared};
+    record(store, shared->rank, seq);
     std::vector<int> missing;
     for (int member = 0; member < size; ++member) {
       const std::optional<bool> present = store.has(keyOf(member));
@@ -112,7 +151,10 @@ std::optional<std::vector<int>> ArrivalRecorder::missingRanks(uint64_t seq, std:
     answer->set_value(std::move(missing));
   });
   nameThread(asker, "ddplite-missing");
-  asker.detach();
+  {
+    std::lock_guard<std::mutex> lock(askersMutex_);
+    askers_.push_back(std::move(asker));
+  }
   if (future.wait_for(within) != std::future_status::ready) return std::nullopt;
   return future.get();
 }

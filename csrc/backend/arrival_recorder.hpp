@@ -11,9 +11,15 @@
 // part ended in under a second: a broadcast root, for one).
 //
 // Store calls can block for the store's own timeout when its host is frozen, so none is made on
-// a thread that matters: the recording thread owns a copy of the store handle and is detached
-// by the destructor (it exits at its next look), and missingRanks waits at most `within` for
-// its answer, from a thread of its own.
+// a thread that matters: the recording thread owns a copy of the store handle, and missingRanks
+// waits at most `within` for its answer, from a thread of its own.
+//
+// Teardown: the destructor stops and joins both kinds of thread, waiting at most kJoinWithin for
+// a store call in progress; only a thread still inside a store call after that is detached. A
+// thread must not be left running at exit while it holds the store: when it drops the last
+// reference, torch's ~FileStore runs on it, and a process that exits in the middle of that
+// leaves half an entry in the store file, which makes every other rank's next FileStore read
+// spin at the end of the file for ever (torch's File::read loops on a read() of 0).
 //
 // Threading: begin/end from whichever thread runs the group's ops (one op at a time);
 // missingRanks from the thread that handles the failure.
@@ -24,7 +30,9 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 namespace ddplite {
@@ -44,9 +52,14 @@ class ArrivalRecorder {
   std::optional<std::vector<int>> missingRanks(uint64_t seq, std::chrono::milliseconds within);
 
  private:
-  struct Shared;  // what the recording thread uses: it may outlive this object
+  struct Shared;  // what the threads use: it may outlive this object (a thread detached in a store call)
   std::shared_ptr<Shared> shared_;
   const int size_;
+  std::thread recorder_;
+  std::mutex askersMutex_;  // guards askers_: missingRanks may run on several failure-handling threads
+  std::vector<std::thread> askers_;
+
+  std::vector<std::thread*> allThreads();  // the recorder and every asker; askersMutex_ held
 };
 
 }  // namespace ddplite
