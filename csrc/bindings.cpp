@@ -1,6 +1,7 @@
 // Python bindings (pybind only; no logic here).
 #include "backend/backend.hpp"
 #include "common/env.hpp"
+#include "common/process_identity.hpp"
 #include "cpu/algorithms/selector.hpp"
 #include "cpu/reduce/reduce_kernels.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
@@ -288,6 +289,26 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("backend"), py::arg("key"), py::arg("blob"), py::arg("root"),
       "Runs the group's set-up broadcast (what carries the NCCL unique id); collective over the group.");
+
+  m.def(
+      "this_process_identity",
+      [] {
+        const ddplite::ProcessIdentity self = ddplite::ProcessIdentity::ofThisProcess();
+        return py::make_tuple(self.pid, self.startTicks, self.pidNamespace);
+      },
+      "(pid, start ticks, PID namespace) of this process, as shared-memory peers publish it (common/process_identity.hpp).");
+  m.def(
+      "process_state",
+      [](uint32_t pid, uint64_t startTicks, uint64_t pidNamespace) {
+        switch (ddplite::stateOf(ddplite::ProcessIdentity{pid, startTicks, pidNamespace})) {
+          case ddplite::ProcessState::kRunning: return std::string("running");
+          case ddplite::ProcessState::kEnded: return std::string("ended");
+          case ddplite::ProcessState::kUnknown: break;
+        }
+        return std::string("unknown");
+      },
+      py::arg("pid"), py::arg("start_ticks"), py::arg("pid_namespace"),
+      "'running', 'ended' or 'unknown': how a shared-memory peer sees the process of that identity.");
 
   m.def(
       "coalesced_work",

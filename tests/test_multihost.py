@@ -346,7 +346,10 @@ print("OUTCOME " + json.dumps(outcome), flush=True)
 """
 
 
-@pytest.mark.parametrize("layout", [[0, 0, 1, 1], [0, 1, 0], [0, 0, 0, 1]], ids=["2+2", "2+1", "3+1"])
+@pytest.mark.parametrize("layout", [[0, 0, 1, 1], [0, 1, 0], [0, 0, 0, 1],
+                                    pytest.param([host for host in range(8) for _ in range(2)],
+                                                 marks=pytest.mark.exhaustive)],
+                         ids=["2+2", "2+1", "3+1", "8x2"])
 def test_hierarchical_collectives_across_hosts(hosts, layout):
     """A group across hosts whose hosts hold several ranks runs all_reduce, broadcast and reduce
     (from the first and last rank), all_gather, reduce_scatter and barrier through shared memory

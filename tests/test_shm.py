@@ -162,7 +162,9 @@ def test_rank_killed_mid_allreduce_is_reported_within_seconds(world_size, victim
             continue
         assert result["type"] == "DistBackendError", result
         assert f"rank {victim}" in result["message"], result["message"]
-        assert "closed the connection" in result["message"], result["message"]
+        # Two signs of its death race: its socket in the TCP mesh closes, its process ends.
+        assert "closed the connection" in result["message"] or "'s process ended" in result["message"], \
+            result["message"]
         assert result["seconds"] < 5.0, result
 
 

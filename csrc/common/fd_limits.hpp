@@ -16,7 +16,8 @@ bool outOfDescriptors(int error);
 std::string descriptorShortage(int error, int groupSize);
 std::string descriptorHint();
 
-// Descriptors a group of `groupSize` ranks holds per rank, at most (both meshes, pidfds, a few).
+// Descriptors a group of `groupSize` ranks holds per rank, at most: a socket per peer in each of
+// its two TCP meshes (collectives; send/recv across hosts), and a few (listener, eventfds).
 int descriptorsPerRank(int groupSize);
 
 }  // namespace ddplite

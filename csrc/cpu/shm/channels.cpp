@@ -1,11 +1,9 @@
 #include "cpu/shm/channels.hpp"
 
 #include "common/errors.hpp"
+#include "common/process_identity.hpp"
 #include "cpu/shm/futex_wait.hpp"
 
-#include <poll.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -27,31 +25,13 @@ size_t ringBytesFor(int size) {
   return std::min(kMaxRingBytes, std::max(kMinRingBytes, share));
 }
 
-// This process's PID namespace (device and inode of /proc/self/ns/pid): a pid means the same
-// process to a peer only in the same namespace. 0 when it cannot be read.
-uint64_t pidNamespace() {
-  struct stat about = {};
-  if (stat("/proc/self/ns/pid", &about) != 0) return 0;
-  return (static_cast<uint64_t>(about.st_dev) << 32) ^ static_cast<uint64_t>(about.st_ino);
-}
-
-int openPidfd(uint32_t pid) {
-#ifdef SYS_pidfd_open
-  const long fd = syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0);
-  return fd >= 0 ? static_cast<int>(fd) : -1;
-#else
-  return -1;
-#endif
-}
-
 }  // namespace
 
 // The first line is written by the owner only (at set-up, and `closed` by its abort()); the
 // second by any rank that rings the owner's doorbell, and `sleeping` by the owner's pump.
 struct alignas(kAlignment) ShmChannels::RankState {
   std::atomic<uint32_t> closed;  // 1 once the rank's abort() ran (seq_cst store, then doorbells)
-  uint32_t pid;                  // written once at set-up, before the store exchange
-  uint64_t pidNamespace;         // likewise; see pidNamespace()
+  ProcessIdentity process;       // written once at set-up, before the store exchange
   alignas(kAlignment) std::atomic<uint32_t> doorbell;  // the pump's futex word: a count, bumped by ring()
   std::atomic<uint32_t> sleeping;                      // 1 while the pump is armed (armWait .. disarm)
 };
@@ -74,19 +54,9 @@ std::unique_ptr<ShmChannels> ShmChannels::create(StoreRendezvous& rendezvous, Tr
   }
   std::unique_ptr<ShmChannels> channels(new ShmChannels(std::move(outcome.segment), liveness, rank, size, ringBytes));
   channels->processGroupRanks_ = std::move(processGroupRanks);
-  channels->state(rank).pid = static_cast<uint32_t>(getpid());
-  channels->state(rank).pidNamespace = pidNamespace();
-  // Every rank's pid is visible to the others after this store round trip.
+  channels->state(rank).process = ProcessIdentity::ofThisProcess();
+  // Every rank's identity is visible to the others after this store round trip.
   rendezvous.allGather("channels/ready/", rank, size, "1", "every rank to map its point-to-point channels");
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    // A peer in another PID namespace (a container sharing /dev/shm and the network, not pids):
-    // its pid names another process here, so only the TCP mesh tells whether it lives.
-    const RankState& theirs = channels->state(peer);
-    if (theirs.pidNamespace != 0 && theirs.pidNamespace == channels->state(rank).pidNamespace) {
-      channels->pidfds_[peer] = openPidfd(theirs.pid);
-    }
-  }
   return channels;
 }
 
@@ -96,14 +66,10 @@ ShmChannels::ShmChannels(std::unique_ptr<ShmSegment> segment, Transport& livenes
       liveness_(liveness),
       rank_(rank),
       size_(size),
-      ringBytes_(ringBytes),
-      pidfds_(static_cast<size_t>(size), -1) {}
+      ringBytes_(ringBytes) {}
 
 ShmChannels::~ShmChannels() {
   abort();
-  for (int fd : pidfds_) {
-    if (fd >= 0) close(fd);
-  }
 }
 
 ShmChannels::RankState& ShmChannels::state(int owner) const {
@@ -180,13 +146,16 @@ void ShmChannels::disarm() {
 
 bool ShmChannels::peerGone(int peer) {
   if (state(peer).closed.load(std::memory_order_seq_cst) != 0) return true;
-  const int fd = pidfds_[static_cast<size_t>(peer)];
-  if (fd >= 0) {
-    pollfd probe{fd, POLLIN, 0};
-    return poll(&probe, 1, 0) > 0;  // a pidfd polls readable once its process has exited
+  switch (stateOf(state(peer).process)) {
+    case ProcessState::kEnded:
+      return true;
+    case ProcessState::kRunning:
+      return false;
+    case ProcessState::kUnknown:
+      break;
   }
-  // No pidfd (another PID namespace, or a kernel without pidfd_open): the group's TCP mesh, whose
-  // socket to the peer the kernel closes when the peer's process exits.
+  // Not checkable here (another PID namespace, no /proc): the group's TCP mesh, whose socket to
+  // the peer the kernel closes when the peer's process exits.
   return liveness_.peerHungUp(peer);
 }
 
@@ -202,7 +171,7 @@ size_t ShmChannels::unread(int peer) const {
 std::string ShmChannels::describePeer(int peer) const {
   if (peer < 0 || peer >= size_) return strCat("rank ", peer);
   const int named = processGroupRanks_.empty() ? peer : processGroupRanks_[static_cast<size_t>(peer)];
-  return strCat("rank ", named, " (pid ", state(peer).pid, ", shared memory on this host)");
+  return strCat("rank ", named, " (pid ", state(peer).process.pid, ", shared memory on this host)");
 }
 
 void ShmChannels::abort() {

@@ -25,9 +25,9 @@
 // core when nothing moves, however many ranks share the host.
 //
 // Liveness: a peer is gone once its `closed` flag is set (its abort(): seq_cst, then its peers'
-// doorbells) or its process has ended (a pidfd; where the peer's pid cannot be watched, another
-// PID namespace or no pidfd_open, its socket in the group's TCP mesh, which the kernel closes
-// when the process exits). The pump asks (peerGone) at most every 100 ms per peer while it has
+// doorbells) or its process has ended (its ProcessIdentity, published in the segment and checked
+// in /proc: no descriptor per peer; where that cannot be checked, another PID namespace or no
+// /proc, its socket in the group's TCP mesh, which the kernel closes when the process exits). The pump asks (peerGone) at most every 100 ms per peer while it has
 // work for that peer, and a receiver drains what a dead peer sent before it reports the peer
 // gone, as a TCP receiver reads up to the end of the stream.
 //
@@ -49,8 +49,8 @@ class ShmChannels {
  public:
   // Collective over the group (through the store, keys of its own). Null with *whyNot when the
   // segment cannot be made; the same outcome on every rank. `liveness`: the group's TCP mesh,
-  // asked whether a peer lives where its pid cannot be watched (another PID namespace, no
-  // pidfd_open); it must outlive the channels. `processGroupRanks`: what errors call rank i, when
+  // asked whether a peer lives where its process cannot be checked (another PID namespace, no
+  // /proc); it must outlive the channels. `processGroupRanks`: what errors call rank i, when
   // the channels join only some of a group's ranks (one host's, in a group across hosts);
   // empty: i itself.
   static std::unique_ptr<ShmChannels> create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
@@ -104,7 +104,6 @@ class ShmChannels {
   const size_t ringBytes_;
   std::atomic<bool> aborted_{false};
   uint32_t ticket_ = 0;      // the pump's, between armWait and waitDoorbell
-  std::vector<int> pidfds_;  // per peer, -1 where its pid cannot be watched (liveness_ then); set up once
 };
 
 }  // namespace ddplite::cpu

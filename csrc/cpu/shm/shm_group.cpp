@@ -2,11 +2,9 @@
 
 #include "common/env.hpp"
 #include "common/errors.hpp"
+#include "common/process_identity.hpp"
 #include "cpu/shm/futex_wait.hpp"
 
-#include <poll.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -32,30 +30,6 @@ bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;
 }
 
-// This process's PID namespace, as the low 32 bits of the inode of /proc/self/ns/pid; 0 when
-// unknown. Two ranks of one segment with equal, non-zero values give pids the same meaning.
-uint32_t pidNamespaceTag() {
-  struct stat about = {};
-  if (stat("/proc/self/ns/pid", &about) != 0) return 0;
-  return static_cast<uint32_t>(about.st_ino);
-}
-
-// Whether process `pid` has ended: a pidfd polls readable once it has (a zombie too); ESRCH when
-// it is already reaped. Nothing is known (false) without pidfd_open (ENOSYS) or permission.
-bool processEnded(pid_t pid) {
-#ifdef SYS_pidfd_open
-  const long fd = syscall(SYS_pidfd_open, pid, 0);
-  if (fd < 0) return errno == ESRCH;
-  pollfd probe{static_cast<int>(fd), POLLIN, 0};
-  const bool ended = poll(&probe, 1, 0) == 1;
-  close(static_cast<int>(fd));
-  return ended;
-#else
-  (void)pid;
-  return false;
-#endif
-}
-
 const char* flagVerb(int which) {
   switch (which) {
     case 0: return "post its data for";
@@ -73,12 +47,11 @@ const char* flagVerb(int which) {
 // holding the flags it polls from under the owner (docs/shared-memory.md, "Control block").
 struct alignas(kAlignment) ShmGroup::RankControl {
   std::atomic<uint32_t> flags[3];   // indexed by Flag: posted, reduced, consumed
-  uint32_t pid;                     // written once at set-up, before the store exchange
   std::atomic<uint64_t> startedSeq;  // markStarted: the latest op this rank has started
   // 1 once this rank broke the group (breakGroup): stored seq_cst, then every rank's `wakeups` is
   // bumped; waiters load it seq_cst after their wake ticket.
   std::atomic<uint32_t> broken;
-  uint32_t pidNamespace;            // pidNamespaceTag(); written once at set-up, like `pid`
+  ProcessIdentity process;          // written once at set-up, before the store exchange
   WireHeader headers[2];            // fingerprint of the step with that parity; written before `posted`
   // The collective this rank last ran over TCP (announceTcpCollective): a seqlock, see the header.
   std::atomic<uint32_t> tcpAnnounced;
@@ -124,13 +97,12 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
   std::unique_ptr<ShmGroup> group(new ShmGroup(std::move(outcome.segment), liveness, rank, size, chunkBytes));
   group->processGroupRanks_ = std::move(processGroupRanks);
   RankControl& mine = group->control(rank);
-  mine.pid = static_cast<uint32_t>(getpid());
-  mine.pidNamespace = pidNamespaceTag();
+  mine.process = ProcessIdentity::ofThisProcess();
   const env::TestHooks hooks = env::testHooks();
   group->step_ = hooks.shmFirstStep;  // every flag "at" the step before the first
   for (auto& word : mine.flags) word.store(hooks.shmFirstStep, std::memory_order_relaxed);
   if (hooks.shmFaultRank == rank) group->faultSeq_ = hooks.shmFaultSeq;
-  // Every rank's pid, PID namespace and first flags are visible to the others after this store
+  // Every rank's process identity and first flags are visible to the others after this store
   // round trip (plain fields written before it, read only after it).
   rendezvous.allGather("shm/ready/", rank, size, "1", "every rank to map shared memory");
   return group;
@@ -298,10 +270,7 @@ void ShmGroup::waitFor(int peer, Flag which, uint32_t target, Deadline deadline)
 }
 
 bool ShmGroup::peerProcessEnded(int peer) const {
-  const RankControl& theirs = control(peer);
-  const uint32_t mine = control(rank_).pidNamespace;
-  if (theirs.pid == 0 || mine == 0 || theirs.pidNamespace != mine) return false;
-  return processEnded(static_cast<pid_t>(theirs.pid));
+  return stateOf(control(peer).process) == ProcessState::kEnded;
 }
 
 void ShmGroup::checkNotRefusedOverTcp(int peer) const {
@@ -480,7 +449,7 @@ void ShmGroup::wakeEveryRank() {
 std::string ShmGroup::describePeer(int peer) const {
   if (peer < 0 || peer >= size_) return strCat("rank ", peer);
   const int named = processGroupRanks_.empty() ? peer : processGroupRanks_[static_cast<size_t>(peer)];
-  return strCat("rank ", named, " (pid ", control(peer).pid, ", shared memory on this host)");
+  return strCat("rank ", named, " (pid ", control(peer).process.pid, ", shared memory on this host)");
 }
 
 }  // namespace ddplite::cpu

@@ -59,7 +59,7 @@ class ShmGroup {
   // Collective over the group (through the store). Null with *whyNot when the ranks cannot
   // share memory (another host: *spansHosts; /dev/shm full, ...). `liveness` is the group's TCP
   // mesh: a closed connection is one way a dead peer is noticed; the other is its process, watched
-  // through a pidfd where both ranks share a PID namespace (peerProcessEnded), which still works
+  // through its ProcessIdentity where both ranks share a PID namespace (peerProcessEnded), which still works
   // while another process (a child given the rank's descriptors) keeps its sockets open. The
   // same outcome on every rank.
   // `processGroupRanks`: what errors call rank i, when the ShmGroup is part of a process group
@@ -160,9 +160,9 @@ class ShmGroup {
   void waitUntilReached(int peer, Flag which, uint32_t target, Deadline deadline, GroupWake* group);
   // Right after a refusal: throws kMismatch when `peer` ran the refused op over TCP.
   void checkNotRefusedOverTcp(int peer) const;
-  // Whether `peer`'s process has ended (pidfd_open + poll, no descriptor kept); false when it
-  // lives, when its pid means another process here (another PID namespace) or when this cannot
-  // be told. Any thread.
+  // Whether `peer`'s process has ended (common/process_identity.hpp: /proc, no descriptor kept);
+  // false when it lives, when its pid means another process here (another PID namespace) or when
+  // this cannot be told. Any thread.
   bool peerProcessEnded(int peer) const;
   [[noreturn]] void throwTimeout(int peer, Flag which, uint32_t target) const;
   // The first other rank whose `broken` is set; -1 when none.
