@@ -5,7 +5,8 @@ open descriptors per rank, ddplite against gloo, in one run with the backends in
 
 Each cell is the worst rank's: init_process_group over tcp:// plus a first all_reduce of 4 floats
 ("init + first"), the median of 20 more ("small all_reduce"), the process's threads and open fds
-right after them, destroy_process_group's own time ("destroy") and the time from its call to the
+right after them (and "fds 1..": the worst of ranks 1 to N-1, since rank 0 also hosts the
+tcp:// store, with one socket per peer), destroy_process_group's own time ("destroy") and the time from its call to the
 end of the process ("exit", interpreter shutdown included); and the mean over ranks of the
 voluntary context switches per small all_reduce ("switches/op", every thread of the process).
 All ranks run on this host, one process each (a fresh interpreter per rank: nothing is shared
@@ -105,6 +106,8 @@ def run_job(backend, size, timeout_s):
         "switches_per_op": statistics.mean(r["switches"] for r in rows),
         "threads": max(r["threads"] for r in rows),
         "fds": max(r["fds"] for r in rows),
+        # rank 0 hosts the tcp:// store: one more socket per peer than the others, for any backend
+        "fds_other_ranks": max((r["fds"] for r in rows if r["rank"] != 0), default=None),
     }, None
 
 
@@ -119,7 +122,7 @@ def main():
     sizes = [int(s) for s in args.ranks.split(",")]
     backends = args.backends.split(",")
     results = []
-    header = (f"{'ranks':>5} {'backend':<12} {'init+first (s)':>14} {'small AR (ms)':>13} {'threads':>7} {'fds':>5} "
+    header = (f"{'ranks':>5} {'backend':<12} {'init+first (s)':>14} {'small AR (ms)':>13} {'threads':>7} {'fds':>5} {'fds 1..':>7} "
               f"{'destroy (s)':>11} {'exit (s)':>8} {'switches/op':>11}")
     print(header)
     for size in sizes:
@@ -130,7 +133,7 @@ def main():
                 print(f"{size:>5} {backend:<12} failed: {error}")
             else:
                 print(f"{size:>5} {backend:<12} {row['first_s']:>14.2f} {row['small_ms']:>13.3f} "
-                      f"{row['threads']:>7} {row['fds']:>5} {row['destroy_s']:>11.2f} "
+                      f"{row['threads']:>7} {row['fds']:>5} {str(row['fds_other_ranks']):>7} {row['destroy_s']:>11.2f} "
                       f"{row['exit_after_destroy_s']:>8.2f} {row['switches_per_op']:>11.1f}", flush=True)
     if args.json:
         with open(args.json, "w") as handle:

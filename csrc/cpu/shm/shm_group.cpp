@@ -43,15 +43,15 @@ const char* flagVerb(int which) {
 // One rank's flags and fingerprints. The segment starts zero-filled (posix_fallocate), which is
 // every flag at 0 ("no step yet"), `broken` at 0 and the wake words at 0.
 // 256 bytes: the first three cache lines are written by the owner only; the last by waiters of
-// any process (`sleepers`, `wakeups`), so that a waiter announcing itself does not take the line
-// holding the flags it polls from under the owner (docs/shared-memory.md, "Control block").
+// any process (`sleepers`, `wakeups`; the owner's identity too, written once at set-up), so that
+// a waiter announcing itself does not take the line holding the flags it polls from under the
+// owner (docs/shared-memory.md, "Control block").
 struct alignas(kAlignment) ShmGroup::RankControl {
   std::atomic<uint32_t> flags[3];   // indexed by Flag: posted, reduced, consumed
   std::atomic<uint64_t> startedSeq;  // markStarted: the latest op this rank has started
   // 1 once this rank broke the group (breakGroup): stored seq_cst, then every rank's `wakeups` is
   // bumped; waiters load it seq_cst after their wake ticket.
   std::atomic<uint32_t> broken;
-  ProcessIdentity process;          // written once at set-up, before the store exchange
   WireHeader headers[2];            // fingerprint of the step with that parity; written before `posted`
   // The collective this rank last ran over TCP (announceTcpCollective): a seqlock, see the header.
   std::atomic<uint32_t> tcpAnnounced;
@@ -62,6 +62,9 @@ struct alignas(kAlignment) ShmGroup::RankControl {
   // found sleepers, and by any rank's abort() or breakGroup(). A count, never a step: bumping it
   // from another process changes no flag.
   std::atomic<uint32_t> wakeups;
+  // Written once at set-up, before the store exchange; read by a waiter's liveness look (every
+  // 50 ms of a long wait), so it may share the waiters' line: no hot path touches it.
+  ProcessIdentity process;
 };
 
 // Where waiters for every peer at once sleep (waitForAll), one per flag kind, each on a cache line
@@ -115,7 +118,7 @@ ShmGroup::ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int
       size_(size),
       chunkBytes_(chunkBytes),
       spin_(size <= usableCpus() ? kSpin : std::chrono::microseconds(0)) {
-  static_assert(sizeof(RankControl) % kAlignment == 0, "control blocks fill whole cache lines");
+  static_assert(sizeof(RankControl) == 4 * kAlignment, "a control block is four cache lines (docs/shared-memory.md)");
 }
 
 ShmGroup::~ShmGroup() = default;

@@ -1,0 +1,337 @@
+"""The α-β model of ddplite's all_reduce to thousands of ranks (issue 27; docs/scale.md).
+
+    python scripts/scale_model.py [--net-alpha-us 10] [--net-gbps 3] [--host-cores 64] \
+        [--host-mem-gbps 100] [--shm-line-us 0.1] [--json out.json]
+
+Runs no benchmark. It fits constants on rows already in docs/data (the 2-core VM), checks the model
+against rows it did not fit on, predicts 1,024 (16 hosts x 64) and 8,192 (128 x 64) ranks, and
+counts per-rank threads, descriptors, shared memory and start-up store calls from the code's
+structure. The --net-* and --host-* values are assumptions: there is no network or big host here.
+
+Per path (S bytes, P ranks; L per host, H hosts; x = processes per core):
+  shared memory:  t = syncs(S) σ + bytes read and written x β_mem (per core; capped by the host)
+                  σ = A_shm + w_shm (x - 1) when x > 1 (wake-ups), else A_shm + (L - 2) t_line
+  TCP (selector): butterfly up to 16 KiB (128 KiB at 2 ranks): log2 p2 steps of S (+2 folds);
+                  ring above: 2(P-1) steps per round of P x 256 KiB, 2(P-1)/P S sent per rank
+                  t = o + steps (α + w_tcp (x - 1)) + bytes sent β + bytes reduced γ
+  hierarchical:   o + [reduce to the leader + its broadcast, in each host] + all_reduce of the H leaders
+"""
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+import types
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KIB, MIB = 1 << 10, 1 << 20
+SHM_CHUNK = 512 * KIB     # DDPLITE_SHM_CHUNK_BYTES default (csrc/common/env.cpp)
+SHM_SMALL = 16 * KIB      # shm allreduce reduces all P buffers up to here (csrc/cpu/shm/allreduce.cpp)
+RING_SEGMENT = 256 * KIB  # DDPLITE_RING_SEGMENT_BYTES default
+SIZES = (8, 64 * KIB, 16 * MIB)
+LAYOUTS = ((16, 64), (128, 64))  # (hosts, ranks per host)
+
+
+def bench_module(name):
+    """torch_ddp_lite/bench/<name>.py loaded by path (the package's __init__ imports torch)."""
+    for package in ("torch_ddp_lite", "torch_ddp_lite.bench"):
+        sys.modules.setdefault(package, types.ModuleType(package))
+    path = os.path.join(ROOT, "torch_ddp_lite", "bench", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"torch_ddp_lite.bench.{name}", path)
+    sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+format_size = bench_module("sweep").format_size
+fit = bench_module("fit")
+
+
+def rows(*names):
+    out = []
+    for name in names:
+        with open(os.path.join(ROOT, "docs", "data", name)) as handle:
+            data = json.load(handle)
+        out += data if isinstance(data, list) else data["rows"]  # bench rows, or scale_probe's {"rows": ...}
+    return out
+
+
+def measured(table, backend, ranks, nbytes=8):
+    """Median seconds of the all_reduce rows that match; scale_probe rows (16 B, worst rank) match any size."""
+    found = [r["time_us"] / 1e6 for r in table if r.get("op") == "all_reduce" and r["backend"] == backend
+             and r["world_size"] == ranks and r["bytes"] == nbytes]
+    found += [r["small_ms"] / 1e3 for r in table if "small_ms" in r and r["backend"] == backend and r["ranks"] == ranks]
+    return float(np.median(found))
+
+
+# ---------------------------------------------------------------- what the code does (steps, bytes)
+
+def tcp_plan(nbytes, ranks, algorithm=None):
+    """(steps, bytes each rank sends, bytes it reduces) of the selector's allreduce (selector.cpp)."""
+    if ranks < 2:
+        return 0, 0, 0
+    if algorithm == "butterfly" or not algorithm and nbytes <= (128 * KIB if ranks == 2 else 16 * KIB):
+        steps = int(math.log2(ranks)) + (2 if ranks & (ranks - 1) else 0)  # + fold, unfold (algorithm.hpp)
+        return steps, steps * nbytes, steps * nbytes
+    rounds = math.ceil(nbytes / (ranks * RING_SEGMENT))
+    return rounds * 2 * (ranks - 1), 2 * (ranks - 1) / ranks * nbytes, (ranks - 1) / ranks * nbytes
+
+
+def shm_allreduce_traffic(nbytes, ranks):
+    """(syncs, bytes the busiest rank reads + writes, all ranks' bytes): allreduce.cpp's header."""
+    if nbytes <= SHM_SMALL:
+        return 1, (ranks + 2) * nbytes, ranks * (ranks + 2) * nbytes
+    per_rank = 5 * nbytes + nbytes / ranks
+    return 2 * max(1, math.ceil(nbytes / SHM_CHUNK)), per_rank, ranks * per_rank
+
+
+def shm_reduce_bcast_traffic(nbytes, ranks):
+    """reduce to the leader, then its broadcast (reduce.cpp, broadcast.cpp): leader (L+5)S, others 4S."""
+    leader = (ranks + 5) * nbytes
+    return 2 * max(1, math.ceil(nbytes / SHM_CHUNK)), leader, leader + (ranks - 1) * 4 * nbytes
+
+
+# ---------------------------------------------------------------- fitting
+
+def fit_relative(design, seconds):
+    """(coefficients, median relative residual): least squares on the relative error, as bench.fit."""
+    scaled = np.asarray(design, dtype=np.float64) / np.asarray(seconds, dtype=np.float64)[:, None]
+    coefficients = np.linalg.lstsq(scaled, np.ones(len(seconds)), rcond=None)[0]
+    return [float(v) for v in coefficients], float(np.median(np.abs(scaled @ coefficients - 1)))
+
+
+def fit_constants():
+    two = rows("shm_auto_2ranks.json", "shm_auto_2ranks_large.json")
+    series = lambda backend: zip(*sorted((r["bytes"], r["time_us"] / 1e6) for r in two  # noqa: E731
+                                         if r["op"] == "all_reduce" and r["backend"] == backend))
+    few = rows("shm_auto_3ranks.json", "shm_auto_4ranks.json")
+    shm = fit.fit_series("all_reduce", 2, *series("ddplite"))  # busbw = algbw at 2 ranks
+    c = {"A_shm_us": shm["A_us"], "beta_mem_ns": 1 / shm["busbw_inf"] / 5.5,  # 2 ranks move 5.5 S each
+         "shm_fit_residual": shm["median_residual"]}
+    sizes, seconds = series("ddplite-tcp")
+    (o, alpha, beta), residual = fit_relative([[1, tcp_plan(s, 2)[0], s] for s in sizes], seconds)
+    c.update(o_tcp_us=o * 1e6, alpha_tcp_us=alpha * 1e6, beta_tcp_ns=beta * 1e9, tcp_fit_residual=residual)
+    # wake-ups: 8 B at 3 and 4 ranks on the 2 cores (x - 1 = 0.5 and 1)
+    wake = [(p / 2 - 1, measured(few, "ddplite", p) - shm["A_us"] * 1e-6) for p in (3, 4)]
+    c["w_shm_us"] = fit_relative([[u] for u, _ in wake], [d for _, d in wake])[0][0] * 1e6
+    # TCP from the 4-rank point only (2 swaps); at 3 ranks two of the 3 steps are one-way folds
+    c["w_tcp_us"] = (measured(few, "ddplite-tcp", 4) - o - 2 * alpha) / 2 * 1e6
+    return c
+
+
+# ---------------------------------------------------------------- the model
+
+def sync_s(c, host, ranks):
+    x = host["procs"] / host["cores"]
+    if x > 1:
+        return (c["A_shm_us"] + c["w_shm_us"] * (x - 1)) * 1e-6
+    return (c["A_shm_us"] + max(0, ranks - 2) * host["line_us"]) * 1e-6
+
+
+def memory_s(c, host, busiest, total):
+    per_core = max(busiest, total / min(host["procs"], host["cores"])) * c["beta_mem_ns"] * 1e-9
+    return max(per_core, total / (host["mem_gbps"] * 1e9)) if host["mem_gbps"] else per_core
+
+
+def shm_allreduce_s(c, host, nbytes, ranks):
+    syncs, busiest, total = shm_allreduce_traffic(nbytes, ranks)
+    return syncs * sync_s(c, host, ranks) + memory_s(c, host, busiest, total)
+
+
+def tcp_allreduce_s(c, net, nbytes, ranks, x=1.0, algorithm=None):
+    """The selector's TCP allreduce among `ranks` (o not included)."""
+    steps, sent, reduced = tcp_plan(nbytes, ranks, algorithm)
+    step_us = net["alpha_us"] + c["w_tcp_us"] * max(0.0, x - 1)
+    return steps * step_us * 1e-6 + (sent * net["beta_ns"] + reduced * net["gamma_ns"]) * max(1.0, x) * 1e-9
+
+
+def hierarchical_s(c, host, net, nbytes, hosts, per_host):
+    """(total, inside the hosts, among the leaders) of allreduce_hierarchical.cpp."""
+    syncs, busiest, total = shm_reduce_bcast_traffic(nbytes, per_host)
+    inside = syncs * sync_s(c, host, per_host) + memory_s(c, host, busiest, total)
+    leaders = tcp_allreduce_s(c, net, nbytes, hosts, host["procs"] / host["cores"])
+    return c["o_tcp_us"] * 1e-6 + inside + leaders, inside, leaders
+
+
+def flat_across_hosts_s(c, host, net, nbytes, hosts, per_host):
+    """Every rank on TCP (DDPLITE_CPU_TRANSPORT=tcp); every step, loopback too, at the network's α."""
+    steps, sent, reduced = tcp_plan(nbytes, hosts * per_host)
+    if nbytes <= 16 * KIB:  # butterfly: its log2(H) steps across hosts carry every local rank's S
+        wire = math.log2(hosts) * per_host * nbytes * net["beta_ns"]
+    else:  # ring: one segment crosses each host boundary per step
+        wire = sent * net["beta_ns"]
+    busiest = 4 * sent + 3 * reduced  # a kernel copy at each end (read + write), then the reduction
+    step_us = net["alpha_us"] + c["w_tcp_us"] * max(0.0, host["procs"] / host["cores"] - 1)
+    network = (c["o_tcp_us"] + steps * step_us) * 1e-6 + wire * 1e-9
+    return network + memory_s(c, host, busiest, per_host * busiest)
+
+
+# ---------------------------------------------------------------- checks and predictions
+
+def vm(procs):
+    return {"cores": 2, "procs": procs, "mem_gbps": None, "line_us": 0.0}
+
+
+def fitted_net(c):  # β_tcp includes the reduction (γ)
+    return {"alpha_us": c["alpha_tcp_us"], "beta_ns": c["beta_tcp_ns"], "gamma_ns": 0.0}
+
+
+def checks(c):
+    """(case, predicted s, measured s) for rows the fit did not use."""
+    few, probe = rows("shm_auto_3ranks.json", "shm_auto_4ranks.json"), rows("scale/probe_after.json")
+    two_by_two, net = rows("hierarchical_2x2.json"), fitted_net(c)
+    flat = lambda s, p, x: c["o_tcp_us"] * 1e-6 + tcp_allreduce_s(c, net, s, p, x)  # noqa: E731
+    out = [(f"shm, {p} ranks, {format_size(s)}", shm_allreduce_s(c, vm(p), s, p), measured(few, "ddplite", p, s))
+           for p in (3, 4) for s in (256 * KIB, 2 * MIB, 16 * MIB)]
+    out += [(f"shm, {p} ranks, 16 B (probe)", shm_allreduce_s(c, vm(p), 16, p), measured(probe, "ddplite", p))
+            for p in (8, 16, 32, 64)]
+    out.append(("shm, 64 ranks, 16 B (probe, 11-26)", shm_allreduce_s(c, vm(64), 16, 64),
+                measured(rows("scale/probe_64_no_pidfds.json"), "ddplite", 64)))
+    out.append(("shm, 64 ranks, 16 MB", shm_allreduce_s(c, vm(64), 16 * MIB, 64),
+                measured(rows("scale/allreduce_16m_64ranks.json"), "ddplite", 64, 16 * MIB)))
+    out += [(f"flat TCP, {p} ranks, 16 B (probe)", flat(16, p, p / 2), measured(probe, "ddplite-tcp", p))
+            for p in (8, 16, 32, 64)]
+    old = rows("allreduce_2ranks_after.json")  # TCP was the default then (2026-11-21, an older build)
+    out += [(f"TCP, 2 ranks, {format_size(s)} (11-21 run)", flat(s, 2, 1), measured(old, "ddplite", 2, s))
+            for s in SIZES]
+    for s in (8, 4 * KIB, 256 * KIB, 2 * MIB, 16 * MIB):
+        out.append((f"hierarchical 2x2, {format_size(s)}", hierarchical_s(c, vm(4), net, s, 2, 2)[0],
+                    measured(two_by_two, "ddplite", 4, s)))
+        out.append((f"flat TCP 2x2, {format_size(s)}", flat(s, 4, 2), measured(two_by_two, "ddplite-tcp", 4, s)))
+    if os.path.exists(os.path.join(ROOT, "docs", "data", "scale", "hosts_16x4_allreduce.json")):  # 64 on 2 cores
+        sixteen = rows("scale/hosts_16x4_allreduce.json")
+        for s in (8, 64 * KIB, 4 * MIB):
+            out.append((f"hierarchical 16x4, {format_size(s)}", hierarchical_s(c, vm(64), net, s, 16, 4)[0],
+                        measured(sixteen, "ddplite", 64, s)))
+            out.append((f"flat TCP 16x4, {format_size(s)}", flat(s, 64, 32), measured(sixteen, "ddplite-tcp", 64, s)))
+    return out
+
+
+def predictions(c, options):
+    assumed = {"alpha_us": options.net_alpha_us, "beta_ns": 1 / options.net_gbps, "gamma_ns": 3 * c["beta_mem_ns"]}
+    out = []
+    for hosts, per_host in LAYOUTS:
+        host = {"cores": options.host_cores, "procs": per_host, "mem_gbps": options.host_mem_gbps,
+                "line_us": options.shm_line_us}
+        for s in SIZES:
+            total, inside, leaders = hierarchical_s(c, host, assumed, s, hosts, per_host)
+            out.append({"ranks": hosts * per_host, "hosts": hosts, "bytes": s, "hierarchical_s": total,
+                        "inside_hosts_s": inside, "leaders_s": leaders,
+                        "leader_bytes_alone_s": shm_reduce_bcast_traffic(s, per_host)[1] * c["beta_mem_ns"] * 1e-9,
+                        "leaders_butterfly_s": tcp_allreduce_s(c, assumed, s, hosts, per_host / options.host_cores,
+                                                              "butterfly"),
+                        "hierarchical_veth_s": hierarchical_s(c, host, fitted_net(c), s, hosts, per_host)[0],
+                        "flat_tcp_s": flat_across_hosts_s(c, host, assumed, s, hosts, per_host),
+                        "one_host_of_64_s": shm_allreduce_s(c, host, s, per_host)})
+    return out
+
+
+# ---------------------------------------------------------------- resources per rank
+
+KNOBS = ("DDPLITE_CPU_TRANSPORT=auto\nDDPLITE_SHM_CHUNK_BYTES=524288\nDDPLITE_RING_SEGMENT_BYTES=262144\n"
+         "DDPLITE_TREE_CHUNK_BYTES=262144\nDDPLITE_FINGERPRINT=1\nDDPLITE_AUTH=1\nDDPLITE_CUDA_STAGING=auto\n")
+IDENTITY = len("h" * 16 + " boot " + "0" * 36 + " netns net:[4026531833] shm 25")  # a 16-character host name
+
+
+def store_set_up(ranks, per_host, across):
+    """(calls, multiGet values, multiGet bytes) at set-up of a rank that is no segment's first.
+
+    backend.cpp 4 (run counter, settings set + multiGet, proc/<rank>); tcp.cpp per mesh 3 + one address
+    get per peer; per segment 7 (segment.cpp, shm_group.cpp, channels.cpp); host_hierarchy.cpp 5."""
+    common, mesh, segment = 4, 3 + (ranks - 1), 7
+    group_wide = ranks * (len(KNOBS) + 2 * IDENTITY + 2)
+    if not across:
+        return common + mesh + 2 * segment, 5 * ranks, group_wide
+    calls = common + 2 * mesh + 2 + 1 + 2 + 2 * segment
+    return calls, 4 * ranks + 4 * per_host, group_wide + per_host * (2 * IDENTITY + 2)
+
+
+def resources(ranks, per_host):
+    across = ranks > per_host
+    group = 3 * 64 + 256 * per_host + 2 * SHM_CHUNK * per_host  # shm_group.cpp: wake lines, controls, buffers
+    ring = min(256 * KIB, max(16 * KIB, 16 * MIB // per_host ** 2 // 4096 * 4096))  # channels.cpp ringBytesFor
+    channels = 128 * per_host + per_host ** 2 * (128 + ring)  # rank states, ring heads, rings
+    sockets = (2 if across else 1) * (ranks - 1)  # the collectives' mesh; across hosts also send/recv's
+    calls, values, read = store_set_up(ranks, per_host, across)
+    return {"ranks": ranks, "per_host": per_host, "threads_ddplite": 4 if across else 3,
+            "threads_process": 6 if across else 5, "sockets": sockets, "fds": sockets + 4,
+            "fds_extra_on_store_host": ranks - 1, "shm_per_host_bytes": group + channels, "ring_bytes": ring,
+            "store_calls": calls, "store_calls_extra_segment_first": 4 * (per_host - 1),
+            "store_calls_all_ranks": ranks * calls + ranks // per_host * 4 * (per_host - 1),
+            "multiget_values": values, "multiget_bytes": read, "multiget_bytes_all_ranks": ranks * read}
+
+
+# ---------------------------------------------------------------- output
+
+UNITS = {"A_shm_us": "us per op: 2-rank shm all_reduce, one sync, spinning (bench.fit intercept)",
+         "beta_mem_ns": "ns per byte read or written, per core (2-rank shm slope / 5.5)",
+         "w_shm_us": "us per sync per extra process per core (shm, 8 B, 3-4 ranks on 2 cores)",
+         "o_tcp_us": "us per op over TCP: hand-offs to the worker and back (2 ranks)",
+         "alpha_tcp_us": "us per TCP step, loopback (2 ranks)",
+         "beta_tcp_ns": "ns per byte sent over TCP, reduction included (2 ranks)",
+         "w_tcp_us": "us per TCP step per extra process per core (TCP, 8 B, 4 ranks on 2 cores)",
+         "shm_fit_residual": "median relative residual, 2-rank shm fit (10 rows, 8 B-64 MB)",
+         "tcp_fit_residual": "median relative residual, 2-rank TCP fit of o, α, β (10 rows)"}
+
+
+def text(seconds):
+    return f"{seconds * 1e6:,.{1 if seconds < 1e-5 else 0}f} us" if seconds < 1e-3 else f"{seconds * 1e3:,.2f} ms"
+
+
+def table(header, lines):
+    print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for line in lines:
+        print("| " + " | ".join(str(cell) for cell in line) + " |")
+
+
+def report(c, checked, predicted, resource_rows, options):
+    table(["constant", "value", "unit, from"], [(k, f"{c[k]:.4g}", unit) for k, unit in UNITS.items()])
+    print(f"\n1 / beta_mem = {1 / c['beta_mem_ns']:.1f} GB/s per core; 1 / beta_tcp = {1 / c['beta_tcp_ns']:.2f} GB/s; "
+          f"multiGet values: settings {len(KNOBS)} B, host identity {IDENTITY} B")
+    table(["case (not fitted on)", "predicted", "measured", "predicted / measured"],
+          [(what, text(model), text(real), f"{model / real:.2f}") for what, model, real in checked])
+    print(f"\nASSUMED: network {options.net_alpha_us} us per step and {options.net_gbps} GB/s per host; hosts of "
+          f"{options.host_cores} cores and {options.host_mem_gbps} GB/s of memory; {options.shm_line_us} us per sync "
+          "per rank past 2. 'veth' takes α_tcp, β_tcp fitted here for the network instead.")
+    table(["ranks", "size", "hierarchical", "in hosts", "leader's bytes alone", "leaders' TCP", "leaders, butterfly",
+           "hierarchical, veth", "flat TCP", "one host of 64"],
+          [(f"{p['ranks']:,} ({p['hosts']}x64)", format_size(p["bytes"]), text(p["hierarchical_s"]),
+            text(p["inside_hosts_s"]), text(p["leader_bytes_alone_s"]), text(p["leaders_s"]),
+            text(p["leaders_butterfly_s"]),
+            text(p["hierarchical_veth_s"]), text(p["flat_tcp_s"]), text(p["one_host_of_64_s"])) for p in predicted])
+    table(["ranks", "threads: ddplite / process", "sockets", "fds (+ on the store's host)", "/dev/shm per host",
+           "channel ring", "store calls (+ segment's first rank)", "store calls, all ranks", "multiGet values",
+           "multiGet MB, all ranks"],
+          [(f"{r['ranks']:,} ({r['per_host']}/host)", f"{r['threads_ddplite']} / {r['threads_process']}",
+            f"{r['sockets']:,}", f"{r['fds']:,} (+{r['fds_extra_on_store_host']:,})",
+            f"{r['shm_per_host_bytes'] / MIB:.1f} MiB", f"{r['ring_bytes'] // KIB} KiB",
+            f"{r['store_calls']:,} (+{r['store_calls_extra_segment_first']})", f"{r['store_calls_all_ranks']:,}",
+            f"{r['multiget_values']:,}", f"{r['multiget_bytes_all_ranks'] / 1e6:,.0f}") for r in resource_rows])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--net-alpha-us", type=float, default=10.0, help="ASSUMED latency per TCP step (25 GbE)")
+    parser.add_argument("--net-gbps", type=float, default=3.0, help="ASSUMED GB/s per host's NIC (25 GbE)")
+    parser.add_argument("--host-cores", type=int, default=64, help="ASSUMED cores per host")
+    parser.add_argument("--host-mem-gbps", type=float, default=100.0, help="ASSUMED memory bandwidth per host")
+    parser.add_argument("--shm-line-us", type=float, default=0.1, help="ASSUMED sync cost per rank past 2, x <= 1")
+    parser.add_argument("--json", help="write constants, checks, predictions and resources here")
+    options = parser.parse_args()
+    c = fit_constants()
+    checked, predicted = checks(c), predictions(c, options)
+    resource_rows = [resources(64, 64)] + [resources(h * l, l) for h, l in LAYOUTS]
+    report(c, checked, predicted, resource_rows, options)
+    if options.json:
+        with open(options.json, "w") as handle:
+            json.dump({"constants": c, "assumed": vars(options), "predictions": predicted, "resources": resource_rows,
+                       "checks": [{"case": w, "predicted_s": p, "measured_s": m} for w, p, m in checked]},
+                      handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
