@@ -67,12 +67,13 @@ expect("all_gather", gathered, torch.arange(1, size + 1, dtype=torch.float32).re
 scattered = torch.empty(5)
 dist.reduce_scatter_tensor(scattered, torch.full((5 * size,), float(rank + 1)))
 expect("reduce_scatter", scattered, torch.full((5,), total))
+dist.barrier()  # everyone starts the timed barrier together
 started = time.monotonic()
 if rank == size - 1:
-    time.sleep(0.5)
+    time.sleep(1.0)
 dist.barrier()
 checked += 1
-if time.monotonic() - started < 0.45:
+if time.monotonic() - started < 0.5:
     failures.append("barrier did not wait for the late rank")
 received = torch.empty(7)
 ops = [dist.P2POp(dist.isend, torch.full((7,), float(rank)), (rank + 1) % size),

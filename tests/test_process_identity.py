@@ -8,6 +8,8 @@ import multiprocessing
 import os
 import time
 
+import pytest
+
 import torch_ddp_lite
 
 extension = torch_ddp_lite._load_extension()
@@ -115,3 +117,23 @@ def test_a_process_whose_main_thread_exited_but_another_runs_is_running():
         os.waitpid(pid, 0)
         os.close(read_end)
     assert state(identity) == "ended"
+
+
+def test_a_pid_namespace_whose_proc_shows_other_pids_publishes_no_start_time():
+    """unshare --pid without --mount-proc: getpid() is 1 there, but /proc is still the outer
+    namespace's, where 1 is another process. The rank then publishes no start time, so its peers
+    say "unknown" and watch its TCP socket instead of a stranger's process."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    code = ("import os, torch_ddp_lite; e = torch_ddp_lite._load_extension(); p, t, n = e.this_process_identity(); "
+            "print(os.getpid(), t, e.process_state(p, t, n))")
+    done = subprocess.run(["unshare", "--pid", "--fork", sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode != 0 and "Operation not permitted" in done.stderr:
+        pytest.skip("unshare --pid is not permitted here")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-3:] == ["1", "0", "unknown"], done.stdout

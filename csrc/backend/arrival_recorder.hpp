@@ -14,8 +14,9 @@
 // a thread that matters: the recording thread owns a copy of the store handle, and missingRanks
 // waits at most `within` for its answer, from a thread of its own.
 //
-// Teardown: the destructor stops and joins both kinds of thread, waiting at most kJoinWithin for
-// a store call in progress; only a thread still inside a store call after that is detached. A
+// Teardown (DdpliteBackend::shutdown, after the worker stopped): the destructor stops both kinds
+// of thread and joins them, waiting at most kJoinWithin for a store call in progress (askers look
+// at `stop` between their calls); only a thread still inside a store call after that is detached. A
 // thread must not be left running at exit while it holds the store: when it drops the last
 // reference, torch's ~FileStore runs on it, and a process that exits in the middle of that
 // leaves half an entry in the store file, which makes every other rank's next FileStore read
@@ -59,7 +60,7 @@ class ArrivalRecorder {
   std::mutex askersMutex_;  // guards askers_: missingRanks may run on several failure-handling threads
   std::vector<std::thread> askers_;
 
-  std::vector<std::thread*> allThreads();  // the recorder and every asker; askersMutex_ held
+  void endThread(std::thread& thread);
 };
 
 }  // namespace ddplite

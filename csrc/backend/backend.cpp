@@ -807,6 +807,9 @@ void DdpliteBackend::shutdown() {
   if (cuda_) cuda_->shutdown();  // drains CUDA work first; staged ops finish on the worker below
   worker_->drainAndStop();
   settlePendingChecks();  // the worker has stopped: this thread may use the segments now
+  // Its only user was the worker. Destroyed here, without the GIL: it joins its threads, which
+  // drop their copies of the store before destroy_process_group returns (arrival_recorder.hpp).
+  arrivals_.reset();
   markBroken(strCat("the process group was shut down on rank ", rank_));
   transport_->abort();
   p2p_->abort();

@@ -1,6 +1,7 @@
 #include "common/process_identity.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,6 +27,16 @@ uint64_t thisPidNamespace() {
   return tag;
 }
 
+// Whether the /proc mounted here shows this process's PID namespace: "/proc/self" names our own
+// pid. A namespace entered without a /proc of its own (unshare --pid --fork without --mount-proc)
+// shows the outer namespace's pids, where our pid names some other process.
+bool procShowsOurPids() {
+  char target[32] = {};
+  const ssize_t length = readlink("/proc/self", target, sizeof(target) - 1);
+  if (length <= 0) return false;
+  return std::strtoul(target, nullptr, 10) == static_cast<unsigned long>(getpid());
+}
+
 struct StatLine {
   char state = '?';         // of the thread-group leader
   uint64_t threads = 0;     // of the whole process
@@ -38,8 +49,10 @@ enum class ReadOutcome { kRead, kNoSuchProcess, kUnreadable };
 // the fields are counted from the last ')': state is the first after it, num_threads the 18th,
 // starttime the 20th.
 ReadOutcome readStat(uint32_t pid, StatLine* out) {
-  char path[32];
-  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+  // The leader thread's own stat: the same state, num_threads and starttime as /proc/<pid>/stat,
+  // without summing every thread's counters.
+  char path[48];
+  std::snprintf(path, sizeof(path), "/proc/%u/task/%u/stat", pid, pid);
   const int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno == ENOENT || errno == ESRCH ? ReadOutcome::kNoSuchProcess : ReadOutcome::kUnreadable;
   char text[1024];
@@ -76,16 +89,24 @@ ProcessIdentity ProcessIdentity::ofThisProcess() {
   self.pid = static_cast<uint32_t>(getpid());
   self.pidNamespace = thisPidNamespace();
   StatLine line;
-  if (readStat(self.pid, &line) == ReadOutcome::kRead) self.startTicks = line.startTicks;
+  // startTicks stays 0 (peers: "unknown", so they watch the TCP mesh) where /proc shows another
+  // namespace's pids: there /proc/<our pid> is some other process.
+  if (procShowsOurPids() && readStat(self.pid, &line) == ReadOutcome::kRead) self.startTicks = line.startTicks;
   return self;
 }
 
 ProcessState stateOf(const ProcessIdentity& peer) {
+  static const bool procIsOurs = procShowsOurPids();  // the mounts a process sees do not change under it
   const uint64_t mine = thisPidNamespace();
-  if (peer.pid == 0 || peer.startTicks == 0 || mine == 0 || peer.pidNamespace != mine) return ProcessState::kUnknown;
+  if (peer.pid == 0 || peer.startTicks == 0 || mine == 0 || peer.pidNamespace != mine || !procIsOurs) {
+    return ProcessState::kUnknown;
+  }
   StatLine line;
   switch (readStat(peer.pid, &line)) {
     case ReadOutcome::kNoSuchProcess:
+      // Confirmed through the kernel's own table (this namespace's): /proc with hidepid hides
+      // processes of other users, which kill(0) still finds (EPERM).
+      if (kill(static_cast<pid_t>(peer.pid), 0) == 0 || errno == EPERM) return ProcessState::kUnknown;
       return ProcessState::kEnded;
     case ReadOutcome::kUnreadable:
       return ProcessState::kUnknown;

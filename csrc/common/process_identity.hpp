@@ -4,8 +4,8 @@
 // Used by shared-memory peers (cpu/shm/) to tell a peer whose process has ended while they wait
 // for it. A pidfd per peer would do it too, at one descriptor per peer per group; at 64 ranks per
 // host that alone was more than gloo's whole socket mesh (docs/scale.md). Here the identity is
-// published once in the segment, and a check reads /proc/<pid>/stat (a few microseconds; only
-// while a wait has lasted a while, so never on the fast path).
+// published once in the segment, and a check reads /proc/<pid>/task/<pid>/stat (a few
+// microseconds, paid by a wait that did not end while it spun).
 //
 // A pid alone is not an identity: the kernel hands an ended process's pid to a new one. The start
 // time (clock ticks since boot, field 22 of /proc/<pid>/stat) is fixed for a process's life, so
@@ -27,7 +27,8 @@ struct ProcessIdentity {
 enum class ProcessState {
   kRunning,
   kEnded,    // exited (gone, or a zombie not reaped yet), or its pid now names a later process
-  kUnknown,  // not checkable from here: another PID namespace, or /proc cannot be read
+  kUnknown,  // not checkable from here: another PID namespace, a /proc that shows another
+             // namespace's pids, a /proc that hides the process (hidepid), or no /proc
 };
 
 // What `peer` is now, as seen from this process. Any thread; no descriptor outlives the call.
