@@ -237,12 +237,50 @@ KNOBS = ("DDPLITE_CPU_TRANSPORT=auto\nDDPLITE_SHM_CHUNK_BYTES=524288\nDDPLITE_RI
 IDENTITY = len("h" * 16 + " boot " + "0" * 36 + " netns net:[4026531833] shm 25")  # a 16-character host name
 
 
+CONNECT_AT_INIT_UP_TO = 16  # DDPLITE_CONNECT=auto: every pair at init up to here, on demand above (env.cpp)
+
+
+def leader_partners(hosts):
+    """The most TCP peers one of `hosts` leaders connects to on demand, with the default algorithms
+    among the leaders: the ring's two neighbours, the butterfly's, doubling's and halving's r xor 2^k,
+    the dissemination barrier's r + 2^k and r - 2^k, a binary tree's parent and children (root 0).
+    Counted by enumeration (hosts a power of two)."""
+    if hosts < 2:
+        return 0
+    most = 0
+    for r in range(hosts):
+        peers = {(r + 1) % hosts, (r - 1) % hosts}
+        k = 1
+        while k < hosts:
+            peers |= {r ^ k, (r + k) % hosts, (r - k) % hosts}
+            k *= 2
+        peers |= {c for c in (2 * r + 1, 2 * r + 2) if c < hosts}
+        if r > 0:
+            peers.add((r - 1) // 2)
+        peers.discard(r)
+        most = max(most, len(peers))
+    return most
+
+
+def connected_peers(ranks, per_host):
+    """Sockets of the busiest rank after the collectives (no all_to_all, gather or scatter: those
+    connect the pairs they use, up to P - 1): every peer when the pairs connect at init; on
+    demand, a leader's partners among the leaders (none on one host: shared memory, and liveness
+    from the process identity in the segment)."""
+    across = ranks > per_host
+    if ranks <= CONNECT_AT_INIT_UP_TO:
+        return (2 if across else 1) * (ranks - 1)
+    return leader_partners(ranks // per_host) if across else 0
+
+
 def store_set_up(ranks, per_host, across):
     """(calls, multiGet values, multiGet bytes) at set-up of a rank that is no segment's first.
 
-    backend.cpp 4 (run counter, settings set + multiGet, proc/<rank>); tcp.cpp per mesh 3 + one address
-    get per peer; per segment 7 (segment.cpp, shm_group.cpp, channels.cpp); host_hierarchy.cpp 5."""
-    common, mesh, segment = 4, 3 + (ranks - 1), 7
+    backend.cpp 4 (run counter, settings set + multiGet, proc/<rank>); tcp.cpp per mesh 3, plus
+    one address get per peer when it connects every pair at init (on demand: one per peer it
+    connects to, at first use, added by resources()); per segment 7 (segment.cpp, shm_group.cpp,
+    channels.cpp); host_hierarchy.cpp 5."""
+    common, mesh, segment = 4, 3 + (ranks - 1 if ranks <= CONNECT_AT_INIT_UP_TO else 0), 7
     group_wide = ranks * (len(KNOBS) + 2 * IDENTITY + 2)
     if not across:
         return common + mesh + 2 * segment, 5 * ranks, group_wide
@@ -255,10 +293,19 @@ def resources(ranks, per_host):
     group = 3 * 64 + 256 * per_host + 2 * SHM_CHUNK * per_host  # shm_group.cpp: wake lines, controls, buffers
     ring = min(256 * KIB, max(16 * KIB, 16 * MIB // per_host ** 2 // 4096 * 4096))  # channels.cpp ringBytesFor
     channels = 128 * per_host + per_host ** 2 * (128 + ring)  # rank states, ring heads, rings
-    sockets = (2 if across else 1) * (ranks - 1)  # the collectives' mesh; across hosts also send/recv's
+    sockets = connected_peers(ranks, per_host)
+    on_demand = ranks > CONNECT_AT_INIT_UP_TO
+    meshes = 2 if across else 1  # the collectives'; across hosts also send/recv's
+    # worker, arrival recorder, one pump per kind of link, and on demand one acceptor per mesh
+    threads = (4 if across else 3) + (meshes if on_demand else 0)
+    # fixed: stdio, the store's socket, the segments' descriptors (5 measured with no socket at 64
+    # ranks before on demand); on demand a listener and an eventfd per mesh
+    fixed = 5 + (2 * meshes if on_demand else 0)
     calls, values, read = store_set_up(ranks, per_host, across)
-    return {"ranks": ranks, "per_host": per_host, "threads_ddplite": 4 if across else 3,
-            "threads_process": 6 if across else 5, "sockets": sockets, "fds": sockets + 4,
+    if on_demand:
+        calls += sockets  # the address of each peer it connects to, read at the first use
+    return {"ranks": ranks, "per_host": per_host, "threads_ddplite": threads,
+            "threads_process": threads + 2, "sockets": sockets, "fds": sockets + fixed,
             "fds_extra_on_store_host": ranks - 1, "shm_per_host_bytes": group + channels, "ring_bytes": ring,
             "store_calls": calls, "store_calls_extra_segment_first": 4 * (per_host - 1),
             "store_calls_all_ranks": ranks * calls + ranks // per_host * 4 * (per_host - 1),

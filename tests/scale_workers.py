@@ -39,6 +39,44 @@ def group_rounds(rank, world_size, rounds):
     return {"before": before, "after": after}
 
 
+def _sockets():
+    """Established TCP connections this process holds (its descriptors matched with /proc/net/tcp*)."""
+    established = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                if fields[3] == "01":  # TCP_ESTABLISHED
+                    established.add(fields[9])
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # the listing's own descriptor, closed since
+        count += target.startswith("socket:[") and target[len("socket:["):-1] in established
+    return count
+
+
+def connections_on_demand(rank, world_size):
+    """DDPLITE_CONNECT=on_demand over TCP, all_reduce pinned to the ring: the sockets this rank holds
+    after set-up, after ring all_reduces (it talks to 2 peers), and after an all_to_all (to all);
+    with the values, checked against the closed form."""
+    counts = {"init": _sockets()}
+    total = torch.full((1000,), float(rank + 1))
+    for _ in range(3):
+        dist.all_reduce(total)
+    expected = float(world_size * (world_size + 1) // 2) * world_size ** 2
+    assert total.eq(expected).all(), (total[:4], expected)
+    counts["ring"] = _sockets()
+    sent = torch.arange(world_size, dtype=torch.float32) + 100 * rank
+    got = torch.empty(world_size)
+    dist.all_to_all_single(got, sent)
+    assert got.tolist() == [float(100 * source + rank) for source in range(world_size)], got
+    counts["all_to_all"] = _sockets()
+    return counts
+
+
 def descriptors_run_out(rank, world_size, store_path, victim, headroom):
     """`victim` lowers its descriptor limit to what it has open plus `headroom` before
     init_process_group (group timeout 20 s). Returns init's outcome and how long it took."""

@@ -181,10 +181,11 @@ def keep_attacking(keys, stop, made):
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("transport", ["auto", "tcp"])
+@pytest.mark.parametrize("transport", ["auto", "tcp", "tcp-on-demand"])
 def test_whole_job_under_attack_starts_and_computes(transport):
     """Both meshes of a job (collectives', and send/recv's when pinned to TCP) are attacked from
-    the moment their address is published; the job must start and give closed-form results."""
+    the moment their address is published; the job must start and give closed-form results. On
+    demand the listeners stay open for the whole job, so the attack goes on while it computes."""
     import threading
 
     store = host_store()
@@ -193,7 +194,9 @@ def test_whole_job_under_attack_starts_and_computes(transport):
     attacker = threading.Thread(target=keep_attacking, args=(keys, stop, made), daemon=True)
     attacker.start()
     try:
-        ranks = [start_job_rank(rank, store.port, {"DDPLITE_CPU_TRANSPORT": transport}) for rank in (0, 1)]
+        env = {"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_CONNECT": "on_demand"} if transport == "tcp-on-demand" \
+            else {"DDPLITE_CPU_TRANSPORT": transport}
+        ranks = [start_job_rank(rank, store.port, env) for rank in (0, 1)]
         outputs = finish(ranks, 120)
     finally:
         stop.set()

@@ -18,16 +18,22 @@ P2P_SIZES = [0, 1, 1000]
 # its order) and the closed form (rounding once) part ways: the full set keeps to dtypes whose
 # sums stay exact in any order.
 QUICK, FULL = [torch.float32], [torch.int32, torch.float64]
-CASES = [pytest.param(24, "auto", QUICK, id="24-shm"), pytest.param(24, "tcp", QUICK, id="24-tcp")] + [
-    pytest.param(size, transport, FULL, id=f"{size}-{'shm' if transport == 'auto' else 'tcp'}-all-dtypes",
+# Past 16 ranks the TCP pairs connect on demand (DDPLITE_CONNECT=auto); the 5-rank cases make a
+# small group do so too, with and without authentication: the butterfly's exchanges connect pairs
+# from both ends at once (one connection refused, the other kept).
+CASES = [pytest.param(24, "auto", QUICK, {}, id="24-shm"), pytest.param(24, "tcp", QUICK, {}, id="24-tcp"),
+         pytest.param(5, "tcp", QUICK, {"DDPLITE_CONNECT": "on_demand"}, id="5-tcp-on-demand"),
+         pytest.param(5, "tcp", QUICK, {"DDPLITE_CONNECT": "on_demand", "DDPLITE_AUTH": "0"},
+                      id="5-tcp-on-demand-no-auth")] + [
+    pytest.param(size, transport, FULL, {}, id=f"{size}-{'shm' if transport == 'auto' else 'tcp'}-all-dtypes",
                  marks=[pytest.mark.slow, pytest.mark.exhaustive])
     for size in (24, 32, 48, 64) for transport in ("auto", "tcp")]
 
 
-@pytest.mark.parametrize("world_size,transport,dtypes", CASES)
-def test_every_collective_and_send_recv_at_many_ranks(world_size, transport, dtypes):
+@pytest.mark.parametrize("world_size,transport,dtypes,env", CASES)
+def test_every_collective_and_send_recv_at_many_ranks(world_size, transport, dtypes, env):
     results = run_ranks(scale_workers.many_ranks_round, world_size, COUNTS, dtypes, P2P_SIZES,
-                        pg_timeout_s=300, timeout_s=1500, env={"DDPLITE_CPU_TRANSPORT": transport})
+                        pg_timeout_s=300, timeout_s=1500, env={"DDPLITE_CPU_TRANSPORT": transport, **env})
     for rank, outcome in enumerate(results):
         assert outcome.pop("path") == ("shm" if transport == "auto" else "tcp"), rank
         waits = outcome.pop("barrier_waits")

@@ -347,11 +347,12 @@ print("OUTCOME " + json.dumps(outcome), flush=True)
 """
 
 
-@pytest.mark.parametrize("layout", [[0, 0, 1, 1], [0, 1, 0], [0, 0, 0, 1],
-                                    pytest.param([host for host in range(8) for _ in range(2)],
-                                                 marks=pytest.mark.exhaustive)],
-                         ids=["2+2", "2+1", "3+1", "8x2"])
-def test_hierarchical_collectives_across_hosts(hosts, layout):
+@pytest.mark.parametrize("layout,connect", [([0, 0, 1, 1], "auto"), ([0, 1, 0], "auto"), ([0, 0, 0, 1], "auto"),
+                                            ([0, 0, 1, 1], "on_demand"),
+                                            pytest.param([host for host in range(8) for _ in range(2)], "auto",
+                                                         marks=pytest.mark.exhaustive)],
+                         ids=["2+2", "2+1", "3+1", "2+2-on-demand", "8x2"])
+def test_hierarchical_collectives_across_hosts(hosts, layout, connect):
     """A group across hosts whose hosts hold several ranks runs all_reduce, broadcast and reduce
     (from the first and last rank), all_gather, reduce_scatter and barrier through shared memory
     inside each host and over TCP between one leader per host (cpu_path says "hierarchical");
@@ -359,10 +360,11 @@ def test_hierarchical_collectives_across_hosts(hosts, layout):
     and a 12 MB all_reduce give exact results; a barrier holds every rank until the last one
     arrives, whichever host it is on. send/recv between the ranks of a host go through
     its channels, across hosts over TCP, all exact. Layout: host of each rank (2+1: ranks 0 and 2
-    on host 0, rank 1 alone on host 1)."""
+    on host 0, rank 1 alone on host 1). DDPLITE_CONNECT=on_demand: the leaders' and send/recv's
+    TCP pairs connect on first use."""
     network = hosts(max(layout) + 1)
     url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
-    env = host_environment("eth0", GLOO_SOCKET_IFNAME="eth0")
+    env = host_environment("eth0", GLOO_SOCKET_IFNAME="eth0", DDPLITE_CONNECT=connect)
     counts = json.dumps([0, 1, 3, 1000])
     # Past 8 ranks, 16-bit float and float32 sums of the sweeps' inputs are not exact in every
     # order, so each summation order rounds its own way (tests/test_many_ranks.py): there the

@@ -10,14 +10,16 @@ import scale_workers
 from harness import run_ranks
 
 
-@pytest.mark.parametrize("world_size,rounds", [
-    (4, 30),
-    pytest.param(16, 100, marks=[pytest.mark.slow, pytest.mark.exhaustive]),
+@pytest.mark.parametrize("world_size,rounds,env", [
+    (4, 30, {}),
+    pytest.param(4, 20, {"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_CONNECT": "on_demand"}, id="4-20-tcp-on-demand"),
+    pytest.param(16, 100, {}, marks=[pytest.mark.slow, pytest.mark.exhaustive]),
 ])
-def test_threads_and_descriptors_stay_flat_across_new_group_rounds(world_size, rounds):
+def test_threads_and_descriptors_stay_flat_across_new_group_rounds(world_size, rounds, env):
     """Every new_group + destroy leaves the process as it found it: no thread, socket, pidfd or
-    segment descriptor of the group outlives it, round after round."""
-    results = run_ranks(scale_workers.group_rounds, world_size, rounds, timeout_s=900)
+    segment descriptor of the group outlives it, round after round (on demand: nor its listeners
+    and acceptor threads)."""
+    results = run_ranks(scale_workers.group_rounds, world_size, rounds, timeout_s=900, env=env)
     for rank, out in enumerate(results):
         before = tuple(out["before"])
         assert [tuple(counts) for counts in out["after"]] == [before] * rounds, (rank, before, out["after"])
@@ -43,3 +45,15 @@ def test_running_out_of_descriptors_is_a_clear_error_on_every_rank():
         assert outcome["type"] == "DistBackendError", outcome
         assert outcome["seconds"] < 60.0, outcome
     assert any("rank 2" in outcome["message"] for outcome in others), others
+
+
+@pytest.mark.parametrize("world_size", [3, 6])
+def test_on_demand_a_rank_connects_only_to_the_peers_it_talks_to(world_size):
+    """DDPLITE_CONNECT=on_demand: set-up connects nothing; ring all_reduces connect each rank to its
+    two neighbours; an all_to_all then to every peer.
+    Every value against the closed form."""
+    env = {"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_CONNECT": "on_demand", "DDPLITE_ALGO": "allreduce:ring"}
+    results = run_ranks(scale_workers.connections_on_demand, world_size, env=env)
+    for rank, counts in enumerate(results):
+        assert counts["ring"] - counts["init"] == 2, (rank, counts)
+        assert counts["all_to_all"] - counts["init"] == world_size - 1, (rank, counts)

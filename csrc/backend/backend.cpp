@@ -2,6 +2,7 @@
 
 #include "common/fork_guard.hpp"
 #include "common/gil.hpp"
+#include "common/process_identity.hpp"
 
 #include "backend/sparse_allreduce.hpp"
 #include "backend/validation.hpp"
@@ -198,11 +199,11 @@ std::exception_ptr p2pFailure(const OpContext& ctx, std::exception_ptr error, co
 }  // namespace
 
 namespace {
-// This host (ShmSegment::hostIdentity) and this process's PID namespace.
-std::string processNamespaceIdentity() {
-  char pidns[64] = {};
-  const ssize_t n = readlink("/proc/self/ns/pid", pidns, sizeof(pidns) - 1);
-  return strCat(cpu::ShmSegment::hostIdentity(), " pidns ", n > 0 ? std::string(pidns, static_cast<size_t>(n)) : "?");
+// "proc/<rank>": this process's identity (common/process_identity.hpp) and its host
+// (ShmSegment::hostIdentity), for failed_ranks on the other ranks of this host.
+std::string publishedIdentity() {
+  const ProcessIdentity me = ProcessIdentity::ofThisProcess();
+  return strCat(me.pid, " ", me.startTicks, " ", me.pidNamespace, " ", cpu::ShmSegment::hostIdentity());
 }
 }  // namespace
 
@@ -241,13 +242,15 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   applyAlgorithmPins(rank, size);
   connectMpi(wantsMpiTransport(rank, size));
   const Deadline connectBy = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
-  transport_ = TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "", env::fingerprintChecks());
+  transport_ = env::connectOnDemand(size)
+                   ? TcpTransport::listenOnDemand(rendezvous_, rank, size, "", env::fingerprintChecks())
+                   : TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "", env::fingerprintChecks());
   connectSharedMemory();
   p2p_ = std::make_unique<cpu::P2pEngine>(rank, size, connectPointToPoint(connectBy));
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
                                       [this](std::chrono::milliseconds t) { return resolveTimeout(t); }, timing_});
   if (size > 1) arrivals_ = std::make_unique<ArrivalRecorder>(rendezvous_, rank, size);
-  if (size > 1) rendezvous_.set(strCat("proc/", rank), strCat(getpid(), " ", processNamespaceIdentity()));
+  if (size > 1) rendezvous_.set(strCat("proc/", rank), publishedIdentity());
   if (trace.name.empty()) trace.name = "0";
   if (trace.desc.empty()) trace.desc = "undefined";
   if (static_cast<int>(trace.globalRanks.size()) != size) {
@@ -344,7 +347,10 @@ std::vector<std::unique_ptr<cpu::P2pLinks>> DdpliteBackend::connectPointToPoint(
                 "be set up: ", whyNot);
   }
   p2pPath_ = "TCP";
-  auto mesh = TcpTransport::connectFullMesh(rendezvous_, rank_, size_, connectBy, "p2p/", /*checkFingerprints=*/false);
+  auto mesh = env::connectOnDemand(size_)
+                  ? TcpTransport::listenOnDemand(rendezvous_, rank_, size_, "p2p/", /*checkFingerprints=*/false)
+                  : TcpTransport::connectFullMesh(rendezvous_, rank_, size_, connectBy, "p2p/",
+                                                  /*checkFingerprints=*/false);
   std::vector<int> remote = everyRank;
   if (hosts_ && hosts_->local()) {
     if (auto local = connectHostChannels()) {
@@ -358,7 +364,9 @@ std::vector<std::unique_ptr<cpu::P2pLinks>> DdpliteBackend::connectPointToPoint(
     }
   }
   remote.erase(std::remove(remote.begin(), remote.end(), rank_), remote.end());
-  if (!remote.empty()) paths.push_back(cpu::socketLinks(std::move(mesh), remote));
+  if (!remote.empty()) {
+    paths.push_back(cpu::socketLinks(std::move(mesh), remote, std::chrono::milliseconds(timeoutMs_.load())));
+  }
   return paths;
 }
 
@@ -1258,21 +1266,14 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::split(const c10::intrusive_ptr
 bool DdpliteBackend::peerProcessEnded(int peer) {
   const std::optional<bool> published = rendezvous_.has(strCat("proc/", peer));
   if (!published || !*published) return false;
-  const std::string identity = rendezvous_.get(strCat("proc/", peer), strCat("rank ", peer, "'s process"));
-  const size_t space = identity.find(' ');
-  // Same host and the same PID namespace: only then does the pid mean the same process here.
-  if (space == std::string::npos || identity.substr(space + 1) != processNamespaceIdentity()) return false;
-  const pid_t pid = static_cast<pid_t>(std::stol(identity.substr(0, space)));
-#ifdef SYS_pidfd_open
-  const long fd = syscall(SYS_pidfd_open, pid, 0);
-  if (fd < 0) return errno == ESRCH;  // no such process (EPERM, ENOSYS: unknown)
-  pollfd entry = {static_cast<int>(fd), POLLIN, 0};
-  const bool ended = poll(&entry, 1, 0) == 1;  // readable once the process has terminated (a zombie too)
-  close(static_cast<int>(fd));
-  return ended;
-#else
-  return kill(pid, 0) != 0 && errno == ESRCH;
-#endif
+  std::istringstream identity(rendezvous_.get(strCat("proc/", peer), strCat("rank ", peer, "'s process")));
+  ProcessIdentity theirs;
+  std::string host;
+  if (!(identity >> theirs.pid >> theirs.startTicks >> theirs.pidNamespace) || !std::getline(identity >> std::ws, host)) {
+    return false;  // not one this build writes: unknown
+  }
+  // Only on this host can /proc say anything of it (stateOf compares the PID namespaces).
+  return host == cpu::ShmSegment::hostIdentity() && stateOf(theirs) == ProcessState::kEnded;
 }
 
 std::vector<int> DdpliteBackend::failedRanks(std::chrono::milliseconds wait) {

@@ -31,6 +31,7 @@ constexpr const char* kFingerprint = "DDPLITE_FINGERPRINT";
 constexpr const char* kShmChunkBytes = "DDPLITE_SHM_CHUNK_BYTES";
 constexpr const char* kShmInlineBytes = "DDPLITE_SHM_INLINE_BYTES";
 constexpr const char* kCpuKernels = "DDPLITE_CPU_KERNELS";
+constexpr const char* kConnect = "DDPLITE_CONNECT";
 constexpr const char* kAuth = "DDPLITE_AUTH";
 constexpr const char* kAuthKeyFile = "DDPLITE_AUTH_KEY_FILE";
 constexpr const char* kTraceBufferSize = "DDPLITE_TRACE_BUFFER_SIZE";
@@ -57,6 +58,10 @@ constexpr const char* kDefaultTracePrefix = "/tmp/ddplite_traces/ddplite_trace_r
 const std::initializer_list<const char*> kLogLevels = {"WARN", "INFO", "TRACE", "DETAIL"};
 const std::initializer_list<const char*> kTransports = {"auto", "tcp", "mpi", "shm"};
 const std::initializer_list<const char*> kStagings = {"auto", "always", "never"};
+const std::initializer_list<const char*> kConnectModes = {"auto", "on_demand", "at_init"};
+// DDPLITE_CONNECT=auto connects every pair at init up to this many ranks (a network problem shows in
+// init_process_group), on demand above (set-up and descriptors that do not grow with the group).
+constexpr int kConnectAtInitUpTo = 16;
 const std::initializer_list<const char*> kSwitch = {"1", "0"};
 const std::initializer_list<const char*> kOffSwitch = {"0", "1"};
 
@@ -148,6 +153,12 @@ const std::vector<Knob>& allKnobs() {
        "number, op, sizes, dtype, reduce op, root, algorithm), so a rank in another collective is reported at "
        "once instead of its bytes being used. 0 turns the check off: only for measuring its cost, since "
        "mismatched collectives can then return wrong values. Read when a group is created"},
+      {kConnect, *kConnectModes.begin(),
+       strCat("When the TCP connections between ranks are made: 'on_demand' (a pair connects the first time one "
+              "of them sends to or receives from the other: a rank holds only the connections its algorithms "
+              "use, and set-up reads no peer's address), 'at_init' (every pair at init_process_group, so a "
+              "network problem shows there) or 'auto' (at init up to ", kConnectAtInitUpTo,
+              " ranks, on demand above). Same on every rank. Read when a group is created")},
       {kAuth, *kSwitch.begin(),
        "1: every TCP connection between ranks (collectives' and send/recv meshes) is authenticated at set-up by "
        "an HMAC-SHA256 challenge-response keyed by a secret rank 0 shares through the store; a connection that "
@@ -191,6 +202,7 @@ void validateAll() {
   readBytes(kShmInlineBytes, kDefaultShmInlineBytes, 0, kMaximumShmChunkBytes);
   readChoice(kFingerprint, kSwitch);
   readChoice(kAuth, kSwitch);
+  readChoice(kConnect, kConnectModes);
   readChoice(kCudaStaging, kStagings);
   traceBufferSize();
   readChoice(kTraceStacks, kOffSwitch);
@@ -272,6 +284,7 @@ std::vector<std::pair<std::string, std::string>> groupWideSettings() {
       {kTreeChunkBytes, std::to_string(treeChunkBytes())},
       {kFingerprint, fingerprintChecks() ? "1" : "0"},
       {kAuth, authenticateConnections() ? "1" : "0"},
+      {kConnect, *(kConnectModes.begin() + readChoice(kConnect, kConnectModes))},
       {kCudaStaging, *(kStagings.begin() + readChoice(kCudaStaging, kStagings))},
   };
 }
@@ -318,6 +331,14 @@ bool fingerprintChecks() {
 
 bool authenticateConnections() {
   return readChoice(kAuth, kSwitch) == 0;
+}
+
+bool connectOnDemand(int groupSize) {
+  switch (readChoice(kConnect, kConnectModes)) {
+    case 1: return true;
+    case 2: return false;
+    default: return groupSize > kConnectAtInitUpTo;
+  }
 }
 
 CudaStaging cudaStaging() {

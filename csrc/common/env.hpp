@@ -77,6 +77,10 @@ bool fingerprintChecks();
 // (cpu/transport/auth.hpp). Read each time (a group reads it when it is created).
 bool authenticateConnections();
 
+// DDPLITE_CONNECT: whether a group of `groupSize` ranks connects its TCP pairs on demand (true)
+// or every pair at set-up (false). Read each time (a group reads it when it is created).
+bool connectOnDemand(int groupSize);
+
 // DDPLITE_AUTH_KEY_FILE: the path of the connection key (cpu/transport/auth.hpp); "" when unset.
 std::string authKeyFile();
 

@@ -101,8 +101,11 @@ class ShmLinks final : public P2pLinks {
 
 class SocketLinks final : public P2pLinks {
  public:
-  SocketLinks(std::unique_ptr<TcpTransport> mesh, std::vector<int> peers)
-      : P2pLinks(std::move(peers)), mesh_(std::move(mesh)), ended_(static_cast<size_t>(mesh_->size()), 0) {
+  SocketLinks(std::unique_ptr<TcpTransport> mesh, std::vector<int> peers, std::chrono::milliseconds connectTimeout)
+      : P2pLinks(std::move(peers)),
+        mesh_(std::move(mesh)),
+        connectTimeout_(connectTimeout),
+        ended_(static_cast<size_t>(mesh_->size()), 0) {
     wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wakeFd_ < 0) {
       const int error = errno;
@@ -114,11 +117,18 @@ class SocketLinks final : public P2pLinks {
                      "this kernel must support eventfd");
     }
   }
-  ~SocketLinks() override { close(wakeFd_); }
+  ~SocketLinks() override {
+    mesh_.reset();  // its acceptor thread calls wake() until then
+    close(wakeFd_);
+  }
 
   const char* kind() const override { return "tcp"; }
 
-  size_t trySend(int peer, const void* data, size_t bytes) override { return mesh_->sendSome(peer, data, bytes); }
+  // On demand, the first send to a peer connects (this thread waits for the handshake, which the
+  // peer's acceptor thread answers; at most the group's timeout).
+  size_t trySend(int peer, const void* data, size_t bytes) override {
+    return mesh_->sendSome(peer, data, bytes, Clock::now() + connectTimeout_);
+  }
 
   size_t tryRecv(int peer, void* data, size_t bytes) override {
     try {
@@ -163,6 +173,7 @@ class SocketLinks final : public P2pLinks {
 
  private:
   std::unique_ptr<TcpTransport> mesh_;
+  const std::chrono::milliseconds connectTimeout_;
   std::vector<char> ended_;  // by group rank: its stream ended or failed (pump thread)
   int wakeFd_ = -1;
   std::vector<pollfd> entries_;  // wait()'s, kept to spare an allocation per sleep
@@ -175,8 +186,9 @@ std::unique_ptr<P2pLinks> shmLinks(std::unique_ptr<ShmChannels> channels, std::v
   return std::make_unique<ShmLinks>(std::move(channels), std::move(groupRanks), std::move(liveness));
 }
 
-std::unique_ptr<P2pLinks> socketLinks(std::unique_ptr<TcpTransport> mesh, std::vector<int> peers) {
-  return std::make_unique<SocketLinks>(std::move(mesh), std::move(peers));
+std::unique_ptr<P2pLinks> socketLinks(std::unique_ptr<TcpTransport> mesh, std::vector<int> peers,
+                                      std::chrono::milliseconds connectTimeout) {
+  return std::make_unique<SocketLinks>(std::move(mesh), std::move(peers), connectTimeout);
 }
 
 }  // namespace ddplite::cpu

@@ -68,6 +68,8 @@ class P2pLinks {
 std::unique_ptr<P2pLinks> shmLinks(std::unique_ptr<ShmChannels> channels, std::vector<int> groupRanks,
                                    std::unique_ptr<Transport> liveness);
 // The TCP mesh `mesh` (an unarmed one of the whole group), for `peers` only.
-std::unique_ptr<P2pLinks> socketLinks(std::unique_ptr<TcpTransport> mesh, std::vector<int> peers);
+// `connectTimeout` bounds the connect a first send makes on an on-demand mesh.
+std::unique_ptr<P2pLinks> socketLinks(std::unique_ptr<TcpTransport> mesh, std::vector<int> peers,
+                                      std::chrono::milliseconds connectTimeout);
 
 }  // namespace ddplite::cpu

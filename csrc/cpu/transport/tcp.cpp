@@ -1,4 +1,5 @@
 #include "cpu/transport/tcp.hpp"
+#include "cpu/transport/tcp_setup.hpp"
 
 #include "common/env.hpp"
 #include "common/errors.hpp"
@@ -25,41 +26,7 @@
 
 namespace ddplite {
 
-namespace {
-
-constexpr int kPollSliceMs = 100;
-constexpr size_t kCoalesceBytes = 4096;
-// Set-up handshake (auth.hpp). With DDPLITE_AUTH=0 the connector only sends a plain Hello.
-constexpr uint32_t kHelloMagic = 0xdd911e01;      // Hello without a MAC (DDPLITE_AUTH=0)
-constexpr uint32_t kAuthHelloMagic = 0xdd911e02;  // Hello with a MAC
-constexpr uint32_t kChallengeMagic = 0xdd911e03;
-constexpr uint32_t kAckMagic = 0xdd911e04;
-// How long an accepted connection may take to complete its handshake, and how many may be
-// pending at once beyond the peers still expected (the oldest is dropped past that): a stranger
-// holds up nothing but its slot.
-constexpr auto kHandshakeLimit = std::chrono::seconds(10);
-constexpr size_t kMaxPendingHandshakes = 64;
-
-struct Challenge {
-  uint32_t magic;
-  auth::Nonce nonce;
-};
-
-struct Hello {
-  uint32_t magic;
-  int32_t rank;
-  int32_t size;
-  auth::Nonce nonce;
-  auth::Digest mac;
-};
-
-struct Ack {
-  uint32_t magic;
-  auth::Digest mac;
-};
-
-// The handshake's bytes are the structs' bytes: no padding may creep in.
-static_assert(sizeof(Challenge) == 20 && sizeof(Hello) == 60 && sizeof(Ack) == 36, "handshake layout");
+namespace tcp_detail {
 
 std::string bytesOf(const void* data, size_t bytes) { return std::string(static_cast<const char*>(data), bytes); }
 
@@ -78,6 +45,12 @@ auth::Digest ackMac(const std::string& secret, const auth::Nonce& challenge, con
                                       bytesOf(challenge.data(), challenge.size()) + bytesOf(&rank, sizeof(rank)));
 }
 
+auth::Digest rejectMac(const std::string& secret, const auth::Nonce& challenge, const Hello& hello, int listenerRank) {
+  const int32_t rank = listenerRank;
+  return auth::hmacSha256(secret, "ddplite-reject" + bytesOf(hello.nonce.data(), hello.nonce.size()) +
+                                      bytesOf(challenge.data(), challenge.size()) + bytesOf(&rank, sizeof(rank)));
+}
+
 int millisUntil(Deadline deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return static_cast<int>(std::clamp<int64_t>(left, 0, kPollSliceMs));
@@ -87,7 +60,7 @@ int millisUntil(Deadline deadline) {
 // what it was for and the errno text (set-up never leaves a foreign exception or a half-made socket).
 // `groupSize` (0: unknown) sizes the descriptor count an EMFILE message gives.
 [[noreturn]] void throwSocketError(int rank, const char* call, const std::string& about, int error,
-                                   int groupSize = 0) {
+                                   int groupSize) {
   if (outOfDescriptors(error)) {
     throwDistError(strCat("rank ", rank, ": ", call, " failed ", about, ": ", descriptorShortage(error, groupSize)),
                    descriptorHint());
@@ -96,7 +69,7 @@ int millisUntil(Deadline deadline) {
                  "the machine may be out of ports, or the interface DDPLITE_SOCKET_IFNAME selects may be down");
 }
 
-void checkCall(int result, int rank, const char* call, const std::string& about, int groupSize = 0) {
+void checkCall(int result, int rank, const char* call, const std::string& about, int groupSize) {
   if (result < 0) throwSocketError(rank, call, about, errno, groupSize);
 }
 
@@ -124,7 +97,7 @@ void tuneDataSocket(int fd, int rank, const std::string& about) {
 // "a.b.c.d:port" or "[ipv6]:port" as published in the store; a malformed one (a foreign key, a
 // corrupted store) is a DistBackendError, not std::stoi's exception. A link-local IPv6 address is
 // reached through `localScope` (this rank's own interface on that link) when non-zero.
-net::Endpoint parseAddress(const std::string& hostPort, int rank, unsigned localScope = 0) {
+net::Endpoint parseAddress(const std::string& hostPort, int rank, unsigned localScope) {
   net::Endpoint address;
   std::string problem;
   if (!net::parseEndpoint(hostPort, localScope, &address, &problem)) {
@@ -133,34 +106,6 @@ net::Endpoint parseAddress(const std::string& hostPort, int rank, unsigned local
   }
   return address;
 }
-
-// Owns a descriptor during set-up, so that every exit path, exceptions included, closes it.
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd = -1) : fd_(fd) {}
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) {
-      if (fd_ >= 0) close(fd_);
-      fd_ = other.release();
-    }
-    return *this;
-  }
-  ~UniqueFd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-  int release() {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-
- private:
-  int fd_;
-};
 
 // Set-up I/O on a non-blocking socket: all `bytes` before `deadline`, or false with errno set
 // (ETIMEDOUT past the deadline, ECONNRESET when the other end closed).
@@ -264,57 +209,29 @@ std::string unreachableHint() {
          "^docker,lo) on every rank";
 }
 
-}  // namespace
+}  // namespace tcp_detail
+
+using namespace tcp_detail;
 
 TcpTransport::TcpTransport(int rank, int size, bool checkFingerprints)
     : rank_(rank),
       size_(size),
-      fds_(size, -1),
+      fds_(new std::atomic<int>[static_cast<size_t>(size)]),
       addresses_(size),
       checkFingerprints_(checkFingerprints),
       sendHeaderDue_(size, 0),
       recvHeaderDue_(size, 0),
-      headerPeeked_(size, 0) {}
+      headerPeeked_(size, 0) {
+  for (int peer = 0; peer < size; ++peer) fds_[static_cast<size_t>(peer)].store(-1, std::memory_order_relaxed);
+}
 
 TcpTransport::~TcpTransport() {
-  for (int fd : fds_) {
-    fork_guard::close(fd, this);  // in a forked child: already closed at fork, nothing to do
+  stopAcceptor();  // no thread publishes a descriptor from here on
+  for (int peer = 0; peer < size_; ++peer) {
+    fork_guard::close(fdOf(peer), this);  // in a forked child: already closed at fork, nothing to do
   }
 }
 
-// What every step of building the mesh needs to know and to say in its errors.
-struct TcpTransport::MeshSetup {
-  StoreRendezvous& rendezvous;
-  int rank;
-  int size;
-  Deadline deadline;
-  std::string purpose;    // store-key prefix of this mesh ("" or "p2p/")
-  std::string host;       // the address this rank listens on, and why it was chosen
-  std::string why;
-  std::string myAddress;  // host:port ("[host]:port" for IPv6), once listening
-  std::string secret;     // the mesh's shared secret (auth.hpp); "" with DDPLITE_AUTH=0
-  unsigned scope = 0;     // interface index of `host` when it is IPv6 link-local (0 otherwise)
-  // Whether the store held a set-up failure before this mesh began (a failure recorded earlier in
-  // the group's life, e.g. a mesh built for a check on a group that has failed): only a failure
-  // recorded after that ends the wait for higher ranks early.
-  bool failureRecordedBefore = false;
-
-  std::string addressKey(int peer) const { return strCat(purpose, "addr/", peer); }
-  std::string peerAddress(int peer) const {
-    return rendezvous.get(addressKey(peer), strCat("the address of rank ", peer));
-  }
-  bool authenticates() const { return !secret.empty(); }
-};
-
-// A connection accepted by the listener whose handshake is not complete yet.
-struct TcpTransport::PendingHandshake {
-  UniqueFd fd;
-  std::string from;  // the connecting end's address, for warnings
-  Deadline until;    // dropped when its Hello is not complete by then
-  auth::Nonce challenge{};
-  Hello hello{};
-  size_t received = 0;  // bytes of `hello` read so far
-};
 
 std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& rendezvous, int rank, int size,
                                                             Deadline deadline, const std::string& purpose,
@@ -332,13 +249,14 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
   transport->addresses_[rank] = setup.myAddress;
   for (int peer = 0; peer < rank; ++peer) {
     transport->addresses_[peer] = setup.peerAddress(peer);
-    transport->fds_[peer] = connectToLowerRank(setup, peer, transport->addresses_[peer]);
-    fork_guard::adopt(transport->fds_[peer], transport.get());
+    const int fd = connectToLowerRank(setup, peer, transport->addresses_[peer]);
+    transport->fds_[static_cast<size_t>(peer)].store(fd, std::memory_order_release);
+    fork_guard::adopt(fd, transport.get());
   }
   acceptHigherRanks(setup, listener.get(), *transport);
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    tuneDataSocket(transport->fds_[peer], rank, strCat("on the socket to rank ", peer));
+    tuneDataSocket(transport->fdOf(peer), rank, strCat("on the socket to rank ", peer));
     if (transport->addresses_[peer].empty()) transport->addresses_[peer] = setup.peerAddress(peer);
   }
   return transport;
@@ -423,7 +341,7 @@ int TcpTransport::openListener(MeshSetup& setup) {
 // with `peer`, or -1 with *error set when the attempt may be retried (connect refused or timed
 // out, the listener closed before acknowledging). A listener that answers but fails to prove it
 // holds the group's secret is not retried: that throws.
-int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoint& target, int* error) {
+int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoint& target, int* error, bool* kept) {
   const std::string about = "to connect to a lower rank";
   UniqueFd fd(socket(target.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (fd.get() < 0 && errno == EAFNOSUPPORT) {  // no IPv6 (or IPv4) in this kernel: not worth retrying
@@ -435,10 +353,24 @@ int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoi
   const int result = connect(fd.get(), target.get(), target.length);
   *error = (result == 0) ? 0 : (errno == EINPROGRESS ? finishConnect(fd.get(), setup.deadline) : errno);
   if (*error != 0) return -1;
-  Hello hello = {setup.authenticates() ? kAuthHelloMagic : kHelloMagic, setup.rank, setup.size, {}, {}};
+  const bool onDemand = kept != nullptr;
+  Hello hello = {setup.authenticates() ? (onDemand ? kOnDemandAuthHelloMagic : kAuthHelloMagic)
+                                       : (onDemand ? kOnDemandHelloMagic : kHelloMagic),
+                 setup.rank, setup.size, {}, {}};
   if (!setup.authenticates()) {
-    if (!writeBefore(fd.get(), &hello, sizeof(hello), setup.deadline)) *error = errno;
-    return *error == 0 ? fd.release() : -1;
+    Ack verdict = {};
+    if (!writeBefore(fd.get(), &hello, sizeof(hello), setup.deadline) ||
+        (onDemand && !readBefore(fd.get(), &verdict, sizeof(verdict), setup.deadline))) {
+      *error = errno;
+      return -1;
+    }
+    if (onDemand) {
+      if (verdict.magic != kAckMagic && verdict.magic != kRejectMagic) {
+        throwImpostor(setup, peer, net::describeEndpoint(target.get()), "its answer is not a ddplite verdict");
+      }
+      *kept = verdict.magic == kAckMagic;
+    }
+    return fd.release();
   }
   Challenge challenge = {};
   if (!readBefore(fd.get(), &challenge, sizeof(challenge), setup.deadline)) {
@@ -455,9 +387,13 @@ int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoi
     *error = errno;
     return -1;
   }
-  if (ack.magic != kAckMagic || !auth::sameDigest(ack.mac, ackMac(setup.secret, challenge.nonce, hello, peer))) {
+  const bool refused = onDemand && ack.magic == kRejectMagic &&
+                       auth::sameDigest(ack.mac, rejectMac(setup.secret, challenge.nonce, hello, peer));
+  if (!refused &&
+      (ack.magic != kAckMagic || !auth::sameDigest(ack.mac, ackMac(setup.secret, challenge.nonce, hello, peer)))) {
     throwImpostor(setup, peer, where, "its answer to the handshake does not prove it holds the group's secret");
   }
+  if (onDemand) *kept = !refused;
   return fd.release();
 }
 
@@ -626,26 +562,36 @@ std::optional<std::string> TcpTransport::advanceHandshake(const MeshSetup& setup
                   std::chrono::duration_cast<std::chrono::seconds>(kHandshakeLimit).count(), " s");
   }
   const Hello& hello = connection.hello;
-  const uint32_t expected = setup.authenticates() ? kAuthHelloMagic : kHelloMagic;
+  const bool onDemand = transport.onDemand();
+  const uint32_t expected = setup.authenticates() ? (onDemand ? kOnDemandAuthHelloMagic : kAuthHelloMagic)
+                                                  : (onDemand ? kOnDemandHelloMagic : kHelloMagic);
   if (hello.magic != expected) return "its handshake is not a ddplite hello";
   if (setup.authenticates() &&
       !auth::sameDigest(hello.mac, helloMac(setup.secret, connection.challenge, hello, setup.rank))) {
     return "its handshake does not prove it holds the group's secret (a stranger, a replayed handshake, or a rank "
            "of another job)";
   }
+  if (onDemand) {
+    if (hello.size != setup.size || hello.rank < 0 || hello.rank == setup.rank || hello.rank >= setup.size) {
+      return strCat("it claims to be rank ", hello.rank, " of ", hello.size, ", not another rank of this group of ",
+                    setup.size);
+    }
+    return answerOnDemand(setup, connection, transport);
+  }
   if (hello.size != setup.size || hello.rank <= setup.rank || hello.rank >= setup.size) {
     return strCat("it claims to be rank ", hello.rank, " of ", hello.size, ", not a higher rank of this group of ",
                   setup.size);
   }
-  if (transport.fds_[hello.rank] >= 0) return strCat("rank ", hello.rank, " is already connected");
+  if (transport.fdOf(hello.rank) >= 0) return strCat("rank ", hello.rank, " is already connected");
   if (setup.authenticates()) {
     const Ack ack = {kAckMagic, ackMac(setup.secret, connection.challenge, hello, setup.rank)};
     if (!writeBefore(connection.fd.get(), &ack, sizeof(ack), std::min(setup.deadline, connection.until))) {
       return strCat("the acknowledgement could not be sent: ", std::strerror(errno));
     }
   }
-  transport.fds_[hello.rank] = connection.fd.release();
-  fork_guard::adopt(transport.fds_[hello.rank], &transport);
+  const int fd = connection.fd.release();
+  transport.fds_[static_cast<size_t>(hello.rank)].store(fd, std::memory_order_release);
+  fork_guard::adopt(fd, &transport);
   return "";
 }
 
@@ -658,7 +604,7 @@ void TcpTransport::throwMissingHigherRanks(const MeshSetup& setup, const TcpTran
                                            const std::string& report, bool timedOut) {
   std::string missing;
   for (int peer = setup.rank + 1; peer < setup.size; ++peer) {
-    if (transport.fds_[peer] < 0) missing += strCat(missing.empty() ? "" : ", ", peer);
+    if (transport.fdOf(peer) < 0) missing += strCat(missing.empty() ? "" : ", ", peer);
   }
   if (!report.empty()) {
     setup.rendezvous.countFailureRead();
@@ -689,6 +635,11 @@ std::vector<int> exchangeRanksOverNewMesh(const c10::intrusive_ptr<c10d::Store>&
 
 std::string TcpTransport::describePeer(int peer) const {
   if (peer < 0 || peer >= size_) return strCat("rank ", peer);
+  if (onDemand_) {
+    std::lock_guard<std::mutex> lock(onDemand_->mutex);
+    if (addresses_[peer].empty()) return strCat("rank ", peer, " (not connected)");
+    return strCat("rank ", peer, " (", addresses_[peer], ")");
+  }
   return strCat("rank ", peer, " (", addresses_[peer], ")");
 }
 
@@ -698,19 +649,23 @@ void TcpTransport::checkPeer(int peer) const {
 
 bool TcpTransport::peerHungUp(int peer) {
   checkPeer(peer);
-  pollfd entry = {fds_[peer], POLLRDHUP, 0};
+  pollfd entry = {fdOf(peer), POLLRDHUP, 0};
+  if (entry.fd < 0) return false;  // not connected (on demand): nothing to say
   return poll(&entry, 1, 0) > 0 && (entry.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 bool TcpTransport::peekWaitingHeader(int peer, WireHeader* header) {
   checkPeer(peer);
-  const ssize_t n = ::recv(fds_[peer], header, sizeof(*header), MSG_PEEK | MSG_DONTWAIT);
+  const int fd = fdOf(peer);
+  if (fd < 0) return false;
+  const ssize_t n = ::recv(fd, header, sizeof(*header), MSG_PEEK | MSG_DONTWAIT);
   return n == static_cast<ssize_t>(sizeof(*header));
 }
 
-size_t TcpTransport::sendSome(int peer, const void* data, size_t bytes) {
+size_t TcpTransport::sendSome(int peer, const void* data, size_t bytes, Deadline connectBy) {
+  ensureConnected(peer, connectBy);
   while (true) {
-    const ssize_t n = ::send(fds_[peer], data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = ::send(fdOf(peer), data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n >= 0) return static_cast<size_t>(n);
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
@@ -721,8 +676,10 @@ size_t TcpTransport::sendSome(int peer, const void* data, size_t bytes) {
 
 size_t TcpTransport::recvSome(int peer, void* data, size_t bytes) {
   if (bytes == 0) return 0;  // recv() of nothing would read as the end of the stream
+  const int fd = fdOf(peer);
+  if (fd < 0) return 0;  // on demand: the peer has not connected yet (the acceptor wakes the pump when it does)
   while (true) {
-    const ssize_t n = ::recv(fds_[peer], data, bytes, MSG_DONTWAIT);
+    const ssize_t n = ::recv(fd, data, bytes, MSG_DONTWAIT);
     if (n > 0) return static_cast<size_t>(n);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
@@ -733,13 +690,14 @@ size_t TcpTransport::recvSome(int peer, void* data, size_t bytes) {
 
 void TcpTransport::abort() {
   if (aborted_.exchange(true)) return;
+  wakeConnectors();
   // In a forked child the sockets were closed at fork; shutdown() on the parent's copy would end
   // the parent's connections.
   if (!fork_guard::createdHere(creatorPid_)) return;
   // shutdown() wakes a poll blocked in the worker thread; the fds are closed in the destructor,
   // so no descriptor is reused while another thread may still hold it.
-  for (int fd : fds_) {
-    if (fd >= 0) shutdown(fd, SHUT_RDWR);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (const int fd = fdOf(peer); fd >= 0) shutdown(fd, SHUT_RDWR);
   }
 }
 
@@ -821,14 +779,14 @@ bool TcpTransport::trySend(Progress& progress) {
     const char* headerCursor = reinterpret_cast<const char*>(progress.header) + progress.headerDone;
     ssize_t n;
     if (headerLeft == 0) {
-      n = ::send(fds_[progress.peer], progress.cursor, progress.left, MSG_NOSIGNAL);
+      n = ::send(fdOf(progress.peer), progress.cursor, progress.left, MSG_NOSIGNAL);
     } else if (progress.left <= kCoalesceBytes) {
       char joined[sizeof(WireHeader) + kCoalesceBytes];
       std::memcpy(joined, headerCursor, headerLeft);
       if (progress.left > 0) std::memcpy(joined + headerLeft, progress.cursor, progress.left);
-      n = ::send(fds_[progress.peer], joined, headerLeft + progress.left, MSG_NOSIGNAL);
+      n = ::send(fdOf(progress.peer), joined, headerLeft + progress.left, MSG_NOSIGNAL);
     } else {
-      n = ::send(fds_[progress.peer], headerCursor, headerLeft, MSG_NOSIGNAL | MSG_MORE);
+      n = ::send(fdOf(progress.peer), headerCursor, headerLeft, MSG_NOSIGNAL | MSG_MORE);
     }
     if (n > 0) {
       advance(progress, static_cast<size_t>(n), /*receiving=*/false);
@@ -847,12 +805,12 @@ bool TcpTransport::tryRecv(Progress& progress) {
     if (headerLeft + progress.left == 0) return true;
     ssize_t n;
     if (headerLeft == 0) {
-      n = ::recv(fds_[progress.peer], progress.cursor, progress.left, 0);
+      n = ::recv(fdOf(progress.peer), progress.cursor, progress.left, 0);
     } else {
       iovec parts[2];
       const int count = pendingIovecs(reinterpret_cast<char*>(progress.header) + progress.headerDone, headerLeft,
                                       progress.cursor, progress.left, parts);
-      n = ::readv(fds_[progress.peer], parts, count);
+      n = ::readv(fdOf(progress.peer), parts, count);
     }
     if (n > 0) {
       advance(progress, static_cast<size_t>(n), /*receiving=*/true);
@@ -885,16 +843,16 @@ void TcpTransport::transfer(Progress* sending, Progress* receiving, Deadline dea
       entries = many.data();
     }
     nfds_t count = 0;
-    if (!sent) entries[count++] = {fds_[sending->peer], POLLOUT, 0};
+    if (!sent) entries[count++] = {fdOf(sending->peer), POLLOUT, 0};
     if (!received) {
-      if (count == 1 && entries[0].fd == fds_[receiving->peer]) {
+      if (count == 1 && entries[0].fd == fdOf(receiving->peer)) {
         entries[0].events |= POLLIN;
       } else {
-        entries[count++] = {fds_[receiving->peer], POLLIN, 0};
+        entries[count++] = {fdOf(receiving->peer), POLLIN, 0};
       }
     }
     const nfds_t own = count;
-    for (int peer : watched) entries[count++] = {fds_[peer], POLLIN, 0};
+    for (int peer : watched) entries[count++] = {fdOf(peer), POLLIN, 0};
     int ready = poll(entries, count, millisUntil(deadline));
     if (Clock::now() >= deadline) {  // even when a watched socket keeps poll returning at once
       throwTimeout(sent ? nullptr : sending, received ? nullptr : receiving);
@@ -912,14 +870,16 @@ std::vector<int> TcpTransport::watchedPeers(int receivingFrom) const {
   std::vector<int> peers;
   if (!armed_) return peers;
   for (int peer = 0; peer < size_; ++peer) {
-    if (peer != rank_ && peer != receivingFrom && recvHeaderDue_[peer] && !headerPeeked_[peer]) peers.push_back(peer);
+    if (peer != rank_ && peer != receivingFrom && recvHeaderDue_[peer] && !headerPeeked_[peer] && fdOf(peer) >= 0) {
+      peers.push_back(peer);  // an on-demand peer not connected yet has sent nothing
+    }
   }
   return peers;
 }
 
 void TcpTransport::peekHeader(int peer) {
   WireHeader header;
-  const ssize_t n = ::recv(fds_[peer], &header, sizeof(header), MSG_PEEK | MSG_DONTWAIT);
+  const ssize_t n = ::recv(fdOf(peer), &header, sizeof(header), MSG_PEEK | MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
   // Looked at: a whole header, or a short or closed stream (left to the recv that needs it, so
   // that a peer that stalls mid-header cannot keep poll() returning at once).
@@ -932,6 +892,7 @@ void TcpTransport::peekHeader(int peer) {
 
 void TcpTransport::send(int peer, const void* data, size_t bytes, Deadline deadline) {
   checkPeer(peer);
+  ensureConnected(peer, deadline);
   Progress sending{peer, static_cast<char*>(const_cast<void*>(data)), bytes};
   WireHeader header;
   prepareSend(sending, header);
@@ -940,6 +901,7 @@ void TcpTransport::send(int peer, const void* data, size_t bytes, Deadline deadl
 
 void TcpTransport::recv(int peer, void* data, size_t bytes, Deadline deadline) {
   checkPeer(peer);
+  ensureConnected(peer, deadline);
   Progress receiving{peer, static_cast<char*>(data), bytes};
   WireHeader header;
   prepareRecv(receiving, header);
@@ -950,6 +912,8 @@ void TcpTransport::sendRecv(int sendPeer, const void* sendData, size_t sendBytes
                             size_t recvBytes, Deadline deadline) {
   checkPeer(sendPeer);
   checkPeer(recvPeer);
+  ensureConnected(sendPeer, deadline);
+  ensureConnected(recvPeer, deadline);
   Progress sending{sendPeer, static_cast<char*>(const_cast<void*>(sendData)), sendBytes};
   Progress receiving{recvPeer, static_cast<char*>(recvData), recvBytes};
   WireHeader outgoing;

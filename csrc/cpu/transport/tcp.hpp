@@ -1,7 +1,14 @@
-// TCP transport: one full-duplex socket per pair of ranks (a full mesh), set up through the
-// store: every rank listens on the address net::chooseListenAddress picks (IPv4 or IPv6), publishes
-// "ip:port" or "[ipv6]:port", connects to every lower rank (in the family that rank published) and
-// accepts every higher one.
+// TCP transport: one full-duplex socket per pair of ranks, set up through the store: every rank
+// listens on the address net::chooseListenAddress picks (IPv4 or IPv6) and publishes "ip:port" or
+// "[ipv6]:port". Two ways to make the pairs (DDPLITE_CONNECT):
+//   * at set-up (connectFullMesh): every rank connects to every lower rank (in the family that
+//     rank published) and accepts every higher one before returning: a full mesh.
+//   * on demand (listenOnDemand, tcp_on_demand.cpp): set-up only listens and publishes; a pair
+//     connects the first time either rank sends to or receives from the other. A thread per
+//     transport (ddplite-accept) answers the peers' handshakes, so a rank busy elsewhere never
+//     holds up a peer's connect. When both ranks of a pair connect at once, each listener keeps
+//     the connection made by the lower rank and refuses the other; the refused connector then
+//     waits for the kept one, which its own acceptor has taken or is about to take.
 //
 // Sockets are non-blocking with TCP_NODELAY. A transfer first tries the syscall directly (the
 // common case for small messages costs one syscall) and falls back to poll() only when the
@@ -22,6 +29,7 @@
 #include "rendezvous/store.hpp"
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,7 +52,18 @@ class TcpTransport final : public Transport {
   static std::unique_ptr<TcpTransport> connectFullMesh(StoreRendezvous& rendezvous, int rank, int size,
                                                        Deadline deadline, const std::string& purpose = "",
                                                        bool checkFingerprints = true);
+  // On demand: listens and publishes this rank's address, then returns; pairs connect on first
+  // use, each connect bounded by the deadline of the transfer that needs it. Reads no peer's
+  // address. Not collective (no rank waits for another here).
+  static std::unique_ptr<TcpTransport> listenOnDemand(StoreRendezvous& rendezvous, int rank, int size,
+                                                      const std::string& purpose = "",
+                                                      bool checkFingerprints = true);
   ~TcpTransport() override;
+
+  bool onDemand() const { return onDemand_ != nullptr; }
+  // Called on the acceptor thread each time it takes a peer's connection (on demand only): the
+  // send/recv pump's wake-up, so it starts watching that socket. Set before the first transfer.
+  void setOnAccepted(std::function<void()> callback);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -62,8 +81,10 @@ class TcpTransport final : public Transport {
   // `peer`'s socket (non-blocking), to poll on; and moves of what the kernel takes or holds now,
   // at most `bytes`, returning how many (0: none now). They throw TransportError kPeerClosed at
   // the end of the stream or a reset, kAborted after abort(), kIo on any other error.
-  int socketOf(int peer) const { return fds_.at(static_cast<size_t>(peer)); }
-  size_t sendSome(int peer, const void* data, size_t bytes);
+  // -1 while an on-demand pair is not connected (poll() skips it). sendSome connects first (up to
+  // `connectBy`); recvSome returns 0 until the peer has connected.
+  int socketOf(int peer) const { return fdOf(peer); }
+  size_t sendSome(int peer, const void* data, size_t bytes, Deadline connectBy = Deadline::max());
   size_t recvSome(int peer, void* data, size_t bytes);
 
  private:
@@ -76,7 +97,10 @@ class TcpTransport final : public Transport {
   struct PendingHandshake;
   static std::string shareSecret(const MeshSetup& setup);
   static int openListener(MeshSetup& setup);
-  static int tryConnect(const MeshSetup& setup, int peer, const net::Endpoint& target, int* error);
+  // `kept`: null at set-up; on demand, set to the listener's verdict (false: it keeps its own
+  // connection to this rank and refuses this one).
+  static int tryConnect(const MeshSetup& setup, int peer, const net::Endpoint& target, int* error,
+                        bool* kept = nullptr);
   [[noreturn]] static void throwImpostor(const MeshSetup& setup, int peer, const std::string& where,
                                          const std::string& why);
   static int connectToLowerRank(const MeshSetup& setup, int peer, const std::string& peerAddress);
@@ -89,6 +113,32 @@ class TcpTransport final : public Transport {
   // `report`: "; first failure reported: ..." or ""; `timedOut`: at the deadline, else on a failure recorded by a peer.
   [[noreturn]] static void throwMissingHigherRanks(const MeshSetup& setup, const TcpTransport& transport,
                                                    const std::string& report, bool timedOut);
+
+  // On demand (tcp_on_demand.cpp): the listener, its acceptor thread and the pairs' state.
+  struct OnDemand;
+  int fdOf(int peer) const { return fds_[static_cast<size_t>(peer)].load(std::memory_order_acquire); }
+  // Returns once `peer` is connected; throws TransportError (kTimeout, kAborted, kIo) naming the
+  // peer and its address when it cannot be by `deadline`. A no-op when connected or at set-up.
+  void ensureConnected(int peer, Deadline deadline) {
+    if (onDemand_ && fdOf(peer) < 0) ensureConnectedSlow(peer, deadline);
+  }
+  void ensureConnectedSlow(int peer, Deadline deadline);
+  // The acceptor thread's loop: takes connections, advances their handshakes, answers them.
+  void acceptLoop();
+  // The acceptor's verdict on a peer's complete, authenticated on-demand Hello: keeps it (the
+  // peer's socket from now on; answered with an Ack, returns "") or refuses it (this rank keeps
+  // its own connection to that peer; answered with a Reject, returns why).
+  static std::optional<std::string> answerOnDemand(const MeshSetup& setup, PendingHandshake& connection,
+                                                   TcpTransport& transport);
+  // Stops and joins the acceptor thread (in a forked child, where it does not run, forgets it).
+  void stopAcceptor();
+  // Ends the waits of connecting threads (abort).
+  void wakeConnectors();
+  // `peer`'s published address, read from the store the first time (the connecting thread).
+  std::string addressOf(int peer);
+  // Records `fd` as `peer`'s socket, under OnDemand::mutex (release: its set-up happens before
+  // any thread's acquire load of it in fdOf), and wakes connectors waiting for it.
+  void publishFd(int peer, int fd);
 
   // One direction of a transfer in progress: an optional fingerprint header, then the payload.
   struct Progress {
@@ -118,9 +168,15 @@ class TcpTransport final : public Transport {
 
   const int rank_;
   const int size_;
-  std::vector<int> fds_;               // fds_[peer]; -1 for self; each registered with fork_guard
+  // fds_[peer]: -1 for self and for an on-demand pair not connected yet; each registered with
+  // fork_guard. Written once per peer (set-up, the acceptor thread or the connecting thread, under
+  // OnDemand::mutex) before any transfer with that peer reads it; closed only in the destructor.
+  std::unique_ptr<std::atomic<int>[]> fds_;
+  std::unique_ptr<OnDemand> onDemand_;  // null for a mesh made at set-up
   const pid_t creatorPid_ = fork_guard::currentPid();  // a forked child's copy neither shuts down nor closes them
-  std::vector<std::string> addresses_; // "ip:port" or "[ipv6]:port" each rank listens on
+  // "ip:port" or "[ipv6]:port" each rank listens on; on demand, read from the store when first
+  // needed ("" until then) under OnDemand::mutex.
+  std::vector<std::string> addresses_;
   std::atomic<bool> aborted_{false};
 
   // Fingerprint state: worker thread only (beginCollective and the transfers run there). The p2p

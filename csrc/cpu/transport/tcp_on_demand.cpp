@@ -1,0 +1,254 @@
+// On-demand connections of the TCP transport (DDPLITE_CONNECT; tcp.hpp gives the scheme).
+//
+// A pair's state, as each of its ranks sees it (OnDemand::mutex guards all of it):
+//   fds_[peer] < 0 and connecting[peer] == 0: no connection, none being made by this rank;
+//   connecting[peer] == 1: this rank's own connect to `peer` is under way (its Hello is in flight);
+//   fds_[peer] >= 0: connected; the descriptor never changes again (closed by the destructor).
+// The acceptor's verdict on `peer`'s Hello (answerOnDemand), taken and answered under the mutex:
+//   no socket and no connect of this rank's        -> keep it (Ack);
+//   this rank's own connect to `peer` under way    -> keep it only if peer < this rank (Ack), else
+//                                                     refuse it (Reject): on both sides, the
+//                                                     connection made by the lower rank wins;
+//   a socket already                               -> refuse it (Reject).
+// A connector that gets a Reject waits (OnDemand::connected) for the connection the peer keeps,
+// which this rank's acceptor has taken or is about to take: the peer refuses only while it has a
+// connect of its own under way or made, and that connect reaches this rank's acceptor, which
+// keeps it by the same rule. Each side decides and answers under its own mutex, so a rank's
+// acceptor and its connecting thread never both win.
+//
+// Cost: set-up writes this rank's address (and rank 0 the secret) and reads only the secret; a
+// pair costs one store read of the address, one connect and the handshake's round trips at its
+// first use. Threads: one acceptor per on-demand transport (ddplite-accept).
+#include "common/fork_guard.hpp"
+#include "common/logging.hpp"
+#include "common/thread_name.hpp"
+#include "cpu/transport/tcp.hpp"
+#include "cpu/transport/tcp_setup.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+
+#include <cstring>
+#include <system_error>
+
+namespace ddplite {
+
+using namespace tcp_detail;
+
+namespace {
+// How long a connector sleeps between attempts at a peer that refuses or is not listening yet.
+constexpr auto kConnectRetry = std::chrono::milliseconds(20);
+}  // namespace
+
+std::unique_ptr<TcpTransport> TcpTransport::listenOnDemand(StoreRendezvous& rendezvous, int rank, int size,
+                                                           const std::string& purpose, bool checkFingerprints) {
+  std::unique_ptr<TcpTransport> transport(new TcpTransport(rank, size, checkFingerprints));
+  if (size == 1) return transport;
+  MeshSetup setup{rendezvous, rank, size, Deadline::max(), purpose, "", "", "", ""};
+  setup.failureRecordedBefore = true;  // set-up failures are reported by the transfer that meets them
+  setup.secret = shareSecret(setup);
+  setup.host = net::chooseListenAddress(&setup.why, rendezvous.storeHost());
+  setup.scope = net::scopeOf(setup.host);
+  auto onDemand = std::make_unique<OnDemand>(std::move(setup));
+  onDemand->connecting.assign(static_cast<size_t>(size), 0);
+  onDemand->listener = openListener(onDemand->setup);
+  fork_guard::adopt(onDemand->listener, transport.get());
+  transport->addresses_[rank] = onDemand->setup.myAddress;
+  TcpTransport* raw = transport.get();
+  transport->onDemand_ = std::move(onDemand);  // from here the destructor closes what it holds
+  OnDemand& state = *raw->onDemand_;
+  setBlocking(state.listener, false, rank, "to accept connections on demand");
+  state.wakeFd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  checkCall(state.wakeFd, rank, "eventfd", "for the connection acceptor", size);
+  fork_guard::adopt(state.wakeFd, raw);
+  try {
+    state.acceptor = std::make_unique<std::thread>([raw] { raw->acceptLoop(); });
+    nameThread(*state.acceptor, "ddplite-accept");
+  } catch (const std::system_error& error) {
+    throwDistError(strCat("rank ", rank, " cannot start its connection acceptor thread: ", error.what()),
+                   "the process may have reached its thread limit (ulimit -u)");
+  }
+  return transport;
+}
+
+void TcpTransport::setOnAccepted(std::function<void()> callback) {
+  if (!onDemand_) return;
+  std::lock_guard<std::mutex> lock(onDemand_->mutex);
+  onDemand_->onAccepted = std::move(callback);
+}
+
+// Acceptor thread. Handshakes advance side by side (non-blocking), so a stranger holds up only
+// its own slot; it is dropped with a warning when its handshake fails or outlasts kHandshakeLimit.
+void TcpTransport::acceptLoop() {
+  OnDemand& state = *onDemand_;
+  std::vector<PendingHandshake> pending;
+  std::vector<pollfd> entries;
+  while (!state.stop.load(std::memory_order_acquire)) {
+    entries.assign({pollfd{state.listener, POLLIN, 0}, pollfd{state.wakeFd, POLLIN, 0}});
+    for (const PendingHandshake& connection : pending) entries.push_back({connection.fd.get(), POLLIN, 0});
+    // Without handshakes under way nothing has a deadline: sleep until a connection or stop().
+    const int timeoutMs = pending.empty() ? -1 : kPollSliceMs;
+    if (poll(entries.data(), entries.size(), timeoutMs) < 0 && errno != EINTR) {
+      DDPLITE_LOG(kWarn, "rank ", rank_, ": the connection acceptor's poll failed: ", std::strerror(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(kPollSliceMs));
+    }
+    if (state.stop.load(std::memory_order_acquire)) break;
+    try {
+      for (size_t i = entries.size(); i-- > 2;) {
+        PendingHandshake& connection = pending[i - 2];
+        if (entries[i].revents == 0 && Clock::now() < connection.until) continue;
+        const std::optional<std::string> refusal = advanceHandshake(state.setup, connection, *this);
+        if (!refusal) continue;  // still under way
+        if (!refusal->empty()) warnDropped(state.setup, connection.from, *refusal);
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i - 2));
+      }
+      if (entries[0].revents != 0) acceptWaitingConnections(state.setup, state.listener, size_, pending);
+    } catch (const std::exception& error) {
+      // Out of descriptors (accept, or a socket option): the connection stays queued and its
+      // connector retries until its deadline; say why once in a while, not in a tight loop.
+      DDPLITE_LOG(kWarn, "rank ", rank_, ": the connection acceptor could not take a connection: ", error.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(kPollSliceMs));
+    }
+  }
+}
+
+std::optional<std::string> TcpTransport::answerOnDemand(const MeshSetup& setup, PendingHandshake& connection,
+                                                        TcpTransport& transport) {
+  const Hello& hello = connection.hello;
+  const int peer = hello.rank;
+  OnDemand& state = *transport.onDemand_;
+  std::function<void()> onAccepted;
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    const bool keep = transport.fdOf(peer) < 0 && (!state.connecting[static_cast<size_t>(peer)] || peer < setup.rank);
+    Ack verdict = {keep ? kAckMagic : kRejectMagic, {}};
+    if (setup.authenticates()) {
+      verdict.mac = keep ? ackMac(setup.secret, connection.challenge, hello, setup.rank)
+                         : rejectMac(setup.secret, connection.challenge, hello, setup.rank);
+    }
+    // A fresh socket takes 36 bytes at once; answered under the mutex, so that this rank's own
+    // connect cannot start between the verdict and the socket's publication.
+    if (!writeBefore(connection.fd.get(), &verdict, sizeof(verdict), Clock::now())) {
+      return strCat("the answer to its handshake could not be sent: ", std::strerror(errno));
+    }
+    if (!keep) return "";  // refused: the connection closes as `connection` is dropped
+    tuneDataSocket(connection.fd.get(), setup.rank, strCat("on the socket from rank ", peer));
+    const int fd = connection.fd.release();
+    fork_guard::adopt(fd, &transport);
+    transport.fds_[static_cast<size_t>(peer)].store(fd, std::memory_order_release);
+    // Its listening address is read only by a connect of this rank's; meanwhile errors name the
+    // address the connection came from.
+    if (transport.addresses_[static_cast<size_t>(peer)].empty()) {
+      transport.addresses_[static_cast<size_t>(peer)] = connection.from;
+    }
+    onAccepted = state.onAccepted;
+  }
+  state.connected.notify_all();
+  if (onAccepted) onAccepted();
+  return "";
+}
+
+std::string TcpTransport::addressOf(int peer) {
+  OnDemand& state = *onDemand_;
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    // An address taken from an accepted connection is its ephemeral port, not the listener's.
+    if (fdOf(peer) < 0 && !addresses_[static_cast<size_t>(peer)].empty()) return addresses_[static_cast<size_t>(peer)];
+  }
+  const std::string address = state.setup.peerAddress(peer);  // waits for the peer to publish it
+  std::lock_guard<std::mutex> lock(state.mutex);
+  addresses_[static_cast<size_t>(peer)] = address;
+  return address;
+}
+
+void TcpTransport::publishFd(int peer, int fd) {
+  {
+    std::lock_guard<std::mutex> lock(onDemand_->mutex);
+    fork_guard::adopt(fd, this);
+    fds_[static_cast<size_t>(peer)].store(fd, std::memory_order_release);
+    onDemand_->connecting[static_cast<size_t>(peer)] = 0;
+  }
+  onDemand_->connected.notify_all();
+}
+
+void TcpTransport::ensureConnectedSlow(int peer, Deadline deadline) {
+  OnDemand& state = *onDemand_;
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    if (fdOf(peer) >= 0) return;  // taken by the acceptor meanwhile
+    state.connecting[static_cast<size_t>(peer)] = 1;
+  }
+  // On every way out without a socket, the acceptor may keep a connection from `peer` again.
+  struct ClearConnecting {
+    TcpTransport& transport;
+    int peer;
+    ~ClearConnecting() {
+      std::lock_guard<std::mutex> lock(transport.onDemand_->mutex);
+      transport.onDemand_->connecting[static_cast<size_t>(peer)] = 0;
+    }
+  } clearOnExit{*this, peer};
+  const std::string address = addressOf(peer);
+  MeshSetup attempt = state.setup;
+  attempt.deadline = deadline;
+  const net::Endpoint target = parseAddress(address, rank_, state.setup.scope);
+  while (true) {
+    if (aborted_) throw TransportError(TransportError::Kind::kAborted, peer, "the group was aborted");
+    int error = 0;
+    bool kept = false;
+    const int fd = tryConnect(attempt, peer, target, &error, &kept);
+    if (fd >= 0 && kept) {
+      UniqueFd owned(fd);
+      tuneDataSocket(fd, rank_, strCat("on the socket to rank ", peer));
+      publishFd(peer, owned.release());
+      return;
+    }
+    if (fd >= 0) {  // refused: `peer` keeps its own connection to this rank; wait for it
+      close(fd);
+      std::unique_lock<std::mutex> lock(state.mutex);
+      state.connected.wait_until(lock, deadline, [&] { return fdOf(peer) >= 0 || aborted_.load(); });
+      if (fdOf(peer) >= 0) return;
+      if (aborted_) throw TransportError(TransportError::Kind::kAborted, peer, "the group was aborted");
+      throw TransportError(TransportError::Kind::kTimeout, peer,
+                           strCat("Timed out waiting for rank ", peer, " (", address, ") to connect: it refused rank ",
+                                  rank_, "'s connection because it was making its own, which never arrived"));
+    }
+    const std::string mismatch = familyMismatch(rank_, state.setup.myAddress, net::literalFamily(state.setup.host),
+                                                peer, address, target.family());
+    if (Clock::now() >= deadline || error == EAFNOSUPPORT) {
+      throw TransportError(
+          TransportError::Kind::kTimeout, peer,
+          strCat("rank ", rank_, " could not connect to rank ", peer, " at ", address, ": ", std::strerror(error),
+                 " (rank ", rank_, " listens on ", state.setup.myAddress, ", ", state.setup.why, ")", mismatch,
+                 ". Hint: ", mismatch.empty() ? unreachableHint() : familyHint()));
+    }
+    std::this_thread::sleep_for(std::min<Clock::duration>(kConnectRetry, deadline - Clock::now()));
+  }
+}
+
+void TcpTransport::wakeConnectors() {
+  if (!onDemand_) return;
+  { std::lock_guard<std::mutex> lock(onDemand_->mutex); }  // a waiter between its check and its wait gets the notify
+  onDemand_->connected.notify_all();
+}
+
+void TcpTransport::stopAcceptor() {
+  if (!onDemand_) return;
+  OnDemand& state = *onDemand_;
+  state.stop.store(true, std::memory_order_release);
+  if (state.acceptor) {
+    if (!fork_guard::createdHere(creatorPid_)) {
+      (void)state.acceptor.release();  // a forked child: the thread runs only in the parent
+    } else {
+      const uint64_t one = 1;
+      [[maybe_unused]] const ssize_t n = write(state.wakeFd, &one, sizeof(one));
+      state.acceptor->join();
+      state.acceptor.reset();
+    }
+  }
+  fork_guard::close(state.listener, this);
+  fork_guard::close(state.wakeFd, this);
+  state.listener = -1;
+  state.wakeFd = -1;
+}
+
+}  // namespace ddplite
