@@ -11,7 +11,8 @@ structure. The --net-* and --host-* values are assumptions: there is no network 
 Per path (S bytes, P ranks; L per host, H hosts; x = processes per core):
   shared memory:  t = syncs(S) σ + bytes read and written x β_mem (per core; capped by the host)
                   σ = A_shm + w_shm (x - 1) when x > 1 (wake-ups), else A_shm + (L - 2) t_line
-  TCP (selector): butterfly up to 16 KiB (128 KiB at 2 ranks): log2 p2 steps of S (+2 folds);
+  TCP (selector): butterfly up to 128 KiB at 2 ranks, 16 KiB at 3-7, 8 KiB x P from 8: log2 p2
+                  steps of S (+2 folds);
                   ring above: 2(P-1) steps per round of P x 256 KiB, 2(P-1)/P S sent per rank
                   t = o + steps (α + w_tcp (x - 1)) + bytes sent β + bytes reduced γ
   hierarchical:   o + [reduce to the leader + its broadcast, in each host] + all_reduce of the H leaders
@@ -70,11 +71,16 @@ def measured(table, backend, ranks, nbytes=8):
 
 # ---------------------------------------------------------------- what the code does (steps, bytes)
 
+def butterfly_up_to(ranks):
+    """The selector's allreduce threshold (selector.cpp butterflyUpTo)."""
+    return 128 * KIB if ranks <= 2 else 16 * KIB if ranks < 8 else 8 * KIB * ranks
+
+
 def tcp_plan(nbytes, ranks, algorithm=None):
     """(steps, bytes each rank sends, bytes it reduces) of the selector's allreduce (selector.cpp)."""
     if ranks < 2:
         return 0, 0, 0
-    if algorithm == "butterfly" or not algorithm and nbytes <= (128 * KIB if ranks == 2 else 16 * KIB):
+    if algorithm == "butterfly" or not algorithm and nbytes <= butterfly_up_to(ranks):
         steps = int(math.log2(ranks)) + (2 if ranks & (ranks - 1) else 0)  # + fold, unfold (algorithm.hpp)
         return steps, steps * nbytes, steps * nbytes
     rounds = math.ceil(nbytes / (ranks * RING_SEGMENT))
@@ -160,7 +166,7 @@ def hierarchical_s(c, host, net, nbytes, hosts, per_host):
 def flat_across_hosts_s(c, host, net, nbytes, hosts, per_host):
     """Every rank on TCP (DDPLITE_CPU_TRANSPORT=tcp); every step, loopback too, at the network's α."""
     steps, sent, reduced = tcp_plan(nbytes, hosts * per_host)
-    if nbytes <= 16 * KIB:  # butterfly: its log2(H) steps across hosts carry every local rank's S
+    if nbytes <= butterfly_up_to(hosts * per_host):  # butterfly: its log2(H) steps across hosts carry every local rank's S
         wire = math.log2(hosts) * per_host * nbytes * net["beta_ns"]
     else:  # ring: one segment crosses each host boundary per step
         wire = sent * net["beta_ns"]

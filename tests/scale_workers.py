@@ -2,6 +2,7 @@
 
 import gc
 import os
+import signal
 import resource
 import time
 from datetime import timedelta
@@ -63,6 +64,11 @@ def connections_on_demand(rank, world_size):
     after set-up, after ring all_reduces (it talks to 2 peers), and after an all_to_all (to all);
     with the values, checked against the closed form."""
     counts = {"init": _sockets()}
+    # Every rank counts before any of them starts: a peer's first transfer connects to this rank.
+    store = dist.distributed_c10d._get_default_store()
+    store.add("on-demand/counted", 1)
+    while store.add("on-demand/counted", 0) < world_size:
+        time.sleep(0.01)
     total = torch.full((1000,), float(rank + 1))
     for _ in range(3):
         dist.all_reduce(total)
@@ -75,6 +81,20 @@ def connections_on_demand(rank, world_size):
     assert got.tolist() == [float(100 * source + rank) for source in range(world_size)], got
     counts["all_to_all"] = _sockets()
     return counts
+
+
+def peer_killed_before_connecting(rank, world_size, victim):
+    """DDPLITE_CONNECT=on_demand: `victim` is killed before any collective, so no pair with it was
+    ever connected. The others then all_reduce: how long it took to fail, and how."""
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(1.0)  # the victim is gone (its listener closed with it)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1000))
+        return {"raised": None, "seconds": time.monotonic() - start}
+    except Exception as error:  # noqa: BLE001 - the outcome is the result
+        return {"raised": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}
 
 
 def descriptors_run_out(rank, world_size, store_path, victim, headroom):

@@ -46,14 +46,3 @@ def test_running_out_of_descriptors_is_a_clear_error_on_every_rank():
         assert outcome["seconds"] < 60.0, outcome
     assert any("rank 2" in outcome["message"] for outcome in others), others
 
-
-@pytest.mark.parametrize("world_size", [3, 6])
-def test_on_demand_a_rank_connects_only_to_the_peers_it_talks_to(world_size):
-    """DDPLITE_CONNECT=on_demand: set-up connects nothing; ring all_reduces connect each rank to its
-    two neighbours; an all_to_all then to every peer.
-    Every value against the closed form."""
-    env = {"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_CONNECT": "on_demand", "DDPLITE_ALGO": "allreduce:ring"}
-    results = run_ranks(scale_workers.connections_on_demand, world_size, env=env)
-    for rank, counts in enumerate(results):
-        assert counts["ring"] - counts["init"] == 2, (rank, counts)
-        assert counts["all_to_all"] - counts["init"] == world_size - 1, (rank, counts)

@@ -116,6 +116,8 @@ class SocketLinks final : public P2pLinks {
       throwDistError(strCat("eventfd for the send/recv pump failed: ", std::strerror(error)),
                      "this kernel must support eventfd");
     }
+    // On demand: a peer's connection taken by the acceptor is watched from the next wait() on.
+    mesh_->setOnAccepted([this] { wake(); });
   }
   ~SocketLinks() override {
     mesh_.reset();  // its acceptor thread calls wake() until then

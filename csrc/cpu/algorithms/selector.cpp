@@ -73,12 +73,22 @@ const Entry& byName(const CollectiveTable& table, const char* name) {
 // rounds, bandwidth-bound sizes the ones that move the fewest bytes per rank. The world size
 // moves the allreduce crossover: at 2 ranks butterfly is one exchange of S bytes against the
 // ring's two of S/2 and wins up to 128 KiB; from 3 ranks the fold adds two rounds and it loses
-// to the ring above 16 KiB.
+// to the ring above 16 KiB. From 8 ranks the ring's 2(P-1) steps cost more than butterfly's
+// log2(P) exchanges of S up to about 8 KiB x P (scripts/allreduce_crossover.py: 64 KiB at 8
+// ranks, 128-256 KiB at 16, 256 KiB-1 MiB at 32), as the α-β costs above predict: the crossover
+// grows as α 2(P-1) / (β log2 P). Among many hosts' leaders that keeps the ring from taking 2(H-1)
+// network latencies for a message of a few hundred KiB.
+size_t butterflyUpTo(int worldSize) {
+  if (worldSize <= 2) return 128 * 1024;
+  if (worldSize < 8) return 16 * 1024;
+  return 8 * 1024 * static_cast<size_t>(worldSize);
+}
+
 const char* automaticChoice(Collective collective, size_t bytes, int worldSize) {
   constexpr size_t kSmall = 64 * 1024;
   switch (collective) {
     case Collective::kAllreduce:
-      return bytes <= (worldSize <= 2 ? 128 * 1024 : 16 * 1024) ? "butterfly" : "ring";
+      return bytes <= butterflyUpTo(worldSize) ? "butterfly" : "ring";
     case Collective::kBroadcast:
       return bytes <= 256 * 1024 ? "tree" : "ring";
     case Collective::kReduce:

@@ -109,8 +109,13 @@ net::Endpoint parseAddress(const std::string& hostPort, int rank, unsigned local
 
 // Set-up I/O on a non-blocking socket: all `bytes` before `deadline`, or false with errno set
 // (ETIMEDOUT past the deadline, ECONNRESET when the other end closed).
-bool transferBefore(int fd, char* cursor, size_t bytes, bool sending, Deadline deadline) {
+bool transferBefore(int fd, char* cursor, size_t bytes, bool sending, Deadline deadline,
+                    const std::atomic<bool>* stop) {
   while (bytes > 0) {
+    if (stop != nullptr && stop->load()) {
+      errno = ECANCELED;
+      return false;
+    }
     const ssize_t n = sending ? ::send(fd, cursor, bytes, MSG_NOSIGNAL) : ::recv(fd, cursor, bytes, 0);
     if (n > 0) {
       cursor += n;
@@ -133,12 +138,12 @@ bool transferBefore(int fd, char* cursor, size_t bytes, bool sending, Deadline d
   return true;
 }
 
-bool writeBefore(int fd, const void* data, size_t bytes, Deadline deadline) {
-  return transferBefore(fd, static_cast<char*>(const_cast<void*>(data)), bytes, /*sending=*/true, deadline);
+bool writeBefore(int fd, const void* data, size_t bytes, Deadline deadline, const std::atomic<bool>* stop) {
+  return transferBefore(fd, static_cast<char*>(const_cast<void*>(data)), bytes, /*sending=*/true, deadline, stop);
 }
 
-bool readBefore(int fd, void* data, size_t bytes, Deadline deadline) {
-  return transferBefore(fd, static_cast<char*>(data), bytes, /*sending=*/false, deadline);
+bool readBefore(int fd, void* data, size_t bytes, Deadline deadline, const std::atomic<bool>* stop) {
+  return transferBefore(fd, static_cast<char*>(data), bytes, /*sending=*/false, deadline, stop);
 }
 
 uint16_t portOf(const sockaddr_storage& address) {
@@ -146,9 +151,10 @@ uint16_t portOf(const sockaddr_storage& address) {
                                              : reinterpret_cast<const sockaddr_in&>(address).sin_port);
 }
 
-// Waits for a non-blocking connect; returns 0 or the socket error.
-int finishConnect(int fd, Deadline deadline) {
+// Waits for a non-blocking connect; returns 0 or the socket error (ECANCELED once `stop` is set).
+int finishConnect(int fd, Deadline deadline, const std::atomic<bool>* stop) {
   while (true) {
+    if (stop != nullptr && stop->load()) return ECANCELED;
     pollfd entry = {fd, POLLOUT, 0};
     const int ready = poll(&entry, 1, millisUntil(deadline));
     if (ready < 0 && errno != EINTR) return errno;
@@ -349,18 +355,26 @@ int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoi
     return -1;
   }
   checkCall(fd.get(), setup.rank, "socket", strCat(about, " (rank ", peer, ")"), setup.size);
-  setBlocking(fd.get(), false, setup.rank, about);
-  const int result = connect(fd.get(), target.get(), target.length);
-  *error = (result == 0) ? 0 : (errno == EINPROGRESS ? finishConnect(fd.get(), setup.deadline) : errno);
-  if (*error != 0) return -1;
   const bool onDemand = kept != nullptr;
+  // On demand the socket is ready for data before the handshake: once the listener keeps it,
+  // nothing here may fail and leave the two ranks holding different connections.
+  if (onDemand) tuneDataSocket(fd.get(), setup.rank, strCat("on the socket to rank ", peer));
+  setBlocking(fd.get(), false, setup.rank, about);
+  const std::atomic<bool>* stop = setup.aborted;
+  const int result = connect(fd.get(), target.get(), target.length);
+  *error = (result == 0) ? 0 : (errno == EINPROGRESS ? finishConnect(fd.get(), setup.deadline, stop) : errno);
+  if (*error != 0) return -1;
+  // Once the Hello is out the listener may keep this connection: its verdict is awaited past the
+  // transfer's deadline (up to kHandshakeLimit), so that a peer that kept it is not left with a
+  // connection this rank closed. Only abort() cuts it short (the group is over then).
+  const Deadline verdictBy = onDemand ? std::max(setup.deadline, Clock::now() + kHandshakeLimit) : setup.deadline;
   Hello hello = {setup.authenticates() ? (onDemand ? kOnDemandAuthHelloMagic : kAuthHelloMagic)
                                        : (onDemand ? kOnDemandHelloMagic : kHelloMagic),
                  setup.rank, setup.size, {}, {}};
   if (!setup.authenticates()) {
     Ack verdict = {};
-    if (!writeBefore(fd.get(), &hello, sizeof(hello), setup.deadline) ||
-        (onDemand && !readBefore(fd.get(), &verdict, sizeof(verdict), setup.deadline))) {
+    if (!writeBefore(fd.get(), &hello, sizeof(hello), setup.deadline, stop) ||
+        (onDemand && !readBefore(fd.get(), &verdict, sizeof(verdict), verdictBy, stop))) {
       *error = errno;
       return -1;
     }
@@ -373,7 +387,7 @@ int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoi
     return fd.release();
   }
   Challenge challenge = {};
-  if (!readBefore(fd.get(), &challenge, sizeof(challenge), setup.deadline)) {
+  if (!readBefore(fd.get(), &challenge, sizeof(challenge), setup.deadline, stop)) {
     *error = errno;
     return -1;
   }
@@ -382,8 +396,8 @@ int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoi
   hello.nonce = auth::newNonce();
   hello.mac = helloMac(setup.secret, challenge.nonce, hello, peer);
   Ack ack = {};
-  if (!writeBefore(fd.get(), &hello, sizeof(hello), setup.deadline) ||
-      !readBefore(fd.get(), &ack, sizeof(ack), setup.deadline)) {
+  if (!writeBefore(fd.get(), &hello, sizeof(hello), setup.deadline, stop) ||
+      !readBefore(fd.get(), &ack, sizeof(ack), verdictBy, stop)) {
     *error = errno;
     return -1;
   }
@@ -690,10 +704,12 @@ size_t TcpTransport::recvSome(int peer, void* data, size_t bytes) {
 
 void TcpTransport::abort() {
   if (aborted_.exchange(true)) return;
-  wakeConnectors();
   // In a forked child the sockets were closed at fork; shutdown() on the parent's copy would end
   // the parent's connections.
   if (!fork_guard::createdHere(creatorPid_)) return;
+  // On demand: after this, no socket is published that the loop below misses (publication checks
+  // aborted_ under the mutex), and connectors waiting for a peer's connection give up.
+  wakeConnectors();
   // shutdown() wakes a poll blocked in the worker thread; the fds are closed in the destructor,
   // so no descriptor is reused while another thread may still hold it.
   for (int peer = 0; peer < size_; ++peer) {

@@ -122,7 +122,9 @@ class TcpTransport final : public Transport {
   void ensureConnected(int peer, Deadline deadline) {
     if (onDemand_ && fdOf(peer) < 0) ensureConnectedSlow(peer, deadline);
   }
+  // Throws only TransportError (a store, socket or handshake failure becomes kIo naming the peer).
   void ensureConnectedSlow(int peer, Deadline deadline);
+  void connectOnDemand(int peer, Deadline deadline);
   // The acceptor thread's loop: takes connections, advances their handshakes, answers them.
   void acceptLoop();
   // The acceptor's verdict on a peer's complete, authenticated on-demand Hello: keeps it (the

@@ -36,8 +36,13 @@ namespace ddplite {
 using namespace tcp_detail;
 
 namespace {
-// How long a connector sleeps between attempts at a peer that refuses or is not listening yet.
+// How long a connector waits between attempts at a peer that is not listening yet (its address
+// is published only once it listens, so: a backlog that was full, a transient error).
 constexpr auto kConnectRetry = std::chrono::milliseconds(20);
+// How long a refused connector waits for the peer's own connection before trying again.
+constexpr auto kRefusedWait = std::chrono::milliseconds(200);
+// A published listener that refuses connections this long is closed for good.
+constexpr auto kRefusedMeansGone = std::chrono::seconds(1);
 }  // namespace
 
 std::unique_ptr<TcpTransport> TcpTransport::listenOnDemand(StoreRendezvous& rendezvous, int rank, int size,
@@ -79,34 +84,50 @@ void TcpTransport::setOnAccepted(std::function<void()> callback) {
 
 // Acceptor thread. Handshakes advance side by side (non-blocking), so a stranger holds up only
 // its own slot; it is dropped with a warning when its handshake fails or outlasts kHandshakeLimit.
+// Nothing thrown here leaves the thread: a failed pass is warned about (at most every 10 s) and
+// the loop goes on after a pause; a connection whose handshake could not finish is dropped and
+// its connector tries again.
 void TcpTransport::acceptLoop() {
   OnDemand& state = *onDemand_;
   std::vector<PendingHandshake> pending;
   std::vector<pollfd> entries;
+  Clock::time_point lastWarning{};
   while (!state.stop.load(std::memory_order_acquire)) {
-    entries.assign({pollfd{state.listener, POLLIN, 0}, pollfd{state.wakeFd, POLLIN, 0}});
-    for (const PendingHandshake& connection : pending) entries.push_back({connection.fd.get(), POLLIN, 0});
-    // Without handshakes under way nothing has a deadline: sleep until a connection or stop().
-    const int timeoutMs = pending.empty() ? -1 : kPollSliceMs;
-    if (poll(entries.data(), entries.size(), timeoutMs) < 0 && errno != EINTR) {
-      DDPLITE_LOG(kWarn, "rank ", rank_, ": the connection acceptor's poll failed: ", std::strerror(errno));
-      std::this_thread::sleep_for(std::chrono::milliseconds(kPollSliceMs));
-    }
-    if (state.stop.load(std::memory_order_acquire)) break;
     try {
+      entries.assign({pollfd{state.listener, POLLIN, 0}, pollfd{state.wakeFd, POLLIN, 0}});
+      for (const PendingHandshake& connection : pending) entries.push_back({connection.fd.get(), POLLIN, 0});
+      // Without handshakes under way nothing has a deadline: sleep until a connection or stop().
+      const int timeoutMs = pending.empty() ? -1 : kPollSliceMs;
+      if (poll(entries.data(), entries.size(), timeoutMs) < 0 && errno != EINTR) {
+        throw std::runtime_error(strCat("poll failed: ", std::strerror(errno)));
+      }
+      if (state.stop.load(std::memory_order_acquire)) break;
       for (size_t i = entries.size(); i-- > 2;) {
         PendingHandshake& connection = pending[i - 2];
         if (entries[i].revents == 0 && Clock::now() < connection.until) continue;
-        const std::optional<std::string> refusal = advanceHandshake(state.setup, connection, *this);
+        std::optional<std::string> refusal;
+        try {
+          refusal = advanceHandshake(state.setup, connection, *this);
+        } catch (const std::exception& error) {
+          refusal = strCat("its handshake failed here: ", error.what());
+        }
         if (!refusal) continue;  // still under way
         if (!refusal->empty()) warnDropped(state.setup, connection.from, *refusal);
         pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i - 2));
       }
       if (entries[0].revents != 0) acceptWaitingConnections(state.setup, state.listener, size_, pending);
-    } catch (const std::exception& error) {
-      // Out of descriptors (accept, or a socket option): the connection stays queued and its
-      // connector retries until its deadline; say why once in a while, not in a tight loop.
-      DDPLITE_LOG(kWarn, "rank ", rank_, ": the connection acceptor could not take a connection: ", error.what());
+    } catch (...) {
+      // Out of descriptors (accept) or memory: the connection stays queued and its connector
+      // retries until its deadline.
+      if (Clock::now() - lastWarning >= std::chrono::seconds(10)) {
+        lastWarning = Clock::now();
+        try {
+          std::rethrow_exception(std::current_exception());
+        } catch (const std::exception& error) {
+          DDPLITE_LOG(kWarn, "rank ", rank_, ": the connection acceptor could not take a connection: ", error.what());
+        } catch (...) {
+        }
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(kPollSliceMs));
     }
   }
@@ -120,7 +141,12 @@ std::optional<std::string> TcpTransport::answerOnDemand(const MeshSetup& setup, 
   std::function<void()> onAccepted;
   {
     std::lock_guard<std::mutex> lock(state.mutex);
+    // After abort() nothing is published (its shutdown loop has run): the connector sees the
+    // connection close without an answer.
+    if (transport.aborted_.load()) return "";
     const bool keep = transport.fdOf(peer) < 0 && (!state.connecting[static_cast<size_t>(peer)] || peer < setup.rank);
+    // Ready for data before the answer: once it is sent, nothing may fail on this side.
+    if (keep) tuneDataSocket(connection.fd.get(), setup.rank, strCat("on the socket from rank ", peer));
     Ack verdict = {keep ? kAckMagic : kRejectMagic, {}};
     if (setup.authenticates()) {
       verdict.mac = keep ? ackMac(setup.secret, connection.challenge, hello, setup.rank)
@@ -132,7 +158,6 @@ std::optional<std::string> TcpTransport::answerOnDemand(const MeshSetup& setup, 
       return strCat("the answer to its handshake could not be sent: ", std::strerror(errno));
     }
     if (!keep) return "";  // refused: the connection closes as `connection` is dropped
-    tuneDataSocket(connection.fd.get(), setup.rank, strCat("on the socket from rank ", peer));
     const int fd = connection.fd.release();
     fork_guard::adopt(fd, &transport);
     transport.fds_[static_cast<size_t>(peer)].store(fd, std::memory_order_release);
@@ -167,61 +192,104 @@ void TcpTransport::publishFd(int peer, int fd) {
     fork_guard::adopt(fd, this);
     fds_[static_cast<size_t>(peer)].store(fd, std::memory_order_release);
     onDemand_->connecting[static_cast<size_t>(peer)] = 0;
+    // abort()'s shutdown loop may have run before this publication: end the socket here too.
+    if (aborted_.load() && fork_guard::createdHere(creatorPid_)) shutdown(fd, SHUT_RDWR);
   }
   onDemand_->connected.notify_all();
 }
 
 void TcpTransport::ensureConnectedSlow(int peer, Deadline deadline) {
-  OnDemand& state = *onDemand_;
-  {
-    std::lock_guard<std::mutex> lock(state.mutex);
-    if (fdOf(peer) >= 0) return;  // taken by the acceptor meanwhile
-    state.connecting[static_cast<size_t>(peer)] = 1;
+  try {
+    connectOnDemand(peer, deadline);
+  } catch (const TransportError&) {
+    throw;
+  } catch (const c10::Error& error) {  // the store, a socket call, an impostor: this transfer's failure
+    throw TransportError(TransportError::Kind::kIo, peer,
+                         strCat("rank ", rank_, " could not connect to rank ", peer, ": ", error.what_without_backtrace()));
+  } catch (const std::exception& error) {
+    throw TransportError(TransportError::Kind::kIo, peer,
+                         strCat("rank ", rank_, " could not connect to rank ", peer, ": ", error.what()));
   }
-  // On every way out without a socket, the acceptor may keep a connection from `peer` again.
-  struct ClearConnecting {
-    TcpTransport& transport;
-    int peer;
-    ~ClearConnecting() {
-      std::lock_guard<std::mutex> lock(transport.onDemand_->mutex);
-      transport.onDemand_->connecting[static_cast<size_t>(peer)] = 0;
-    }
-  } clearOnExit{*this, peer};
+}
+
+// Tries until `peer` is connected (by this rank's connect or by the peer's, which this rank's
+// acceptor takes), `deadline`, abort(), or a listener that keeps refusing (the peer is gone).
+// `connecting[peer]` is set only while an attempt is under way: between attempts, and while the
+// address is read from the store, the acceptor keeps the peer's own connection.
+void TcpTransport::connectOnDemand(int peer, Deadline deadline) {
+  OnDemand& state = *onDemand_;
   const std::string address = addressOf(peer);
+  const net::Endpoint target = parseAddress(address, rank_, state.setup.scope);
   MeshSetup attempt = state.setup;
   attempt.deadline = deadline;
-  const net::Endpoint target = parseAddress(address, rank_, state.setup.scope);
+  attempt.aborted = &aborted_;
+  std::optional<Clock::time_point> refusedSince;
+  const auto connectedOrAborted = [&] { return fdOf(peer) >= 0 || aborted_.load(); };
   while (true) {
-    if (aborted_) throw TransportError(TransportError::Kind::kAborted, peer, "the group was aborted");
+    {
+      std::lock_guard<std::mutex> lock(state.mutex);
+      if (fdOf(peer) >= 0) return;  // taken by the acceptor meanwhile
+      if (aborted_) throw TransportError(TransportError::Kind::kAborted, peer, "the group was aborted");
+      state.connecting[static_cast<size_t>(peer)] = 1;
+    }
     int error = 0;
     bool kept = false;
-    const int fd = tryConnect(attempt, peer, target, &error, &kept);
+    int fd = -1;
+    try {
+      fd = tryConnect(attempt, peer, target, &error, &kept);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(state.mutex);
+      state.connecting[static_cast<size_t>(peer)] = 0;
+      throw;
+    }
     if (fd >= 0 && kept) {
-      UniqueFd owned(fd);
-      tuneDataSocket(fd, rank_, strCat("on the socket to rank ", peer));
-      publishFd(peer, owned.release());
+      publishFd(peer, fd);  // clears connecting
       return;
     }
-    if (fd >= 0) {  // refused: `peer` keeps its own connection to this rank; wait for it
+    {
+      std::lock_guard<std::mutex> lock(state.mutex);
+      state.connecting[static_cast<size_t>(peer)] = 0;
+    }
+    if (fd >= 0) {
+      // Refused: `peer` keeps a connection of its own to this rank (made, or under way). Wait a
+      // moment for this rank's acceptor to take it, then try again: a peer whose own connect
+      // failed refuses no more.
       close(fd);
+      refusedSince.reset();
       std::unique_lock<std::mutex> lock(state.mutex);
-      state.connected.wait_until(lock, deadline, [&] { return fdOf(peer) >= 0 || aborted_.load(); });
+      state.connected.wait_until(lock, std::min(deadline, Clock::now() + kRefusedWait), connectedOrAborted);
       if (fdOf(peer) >= 0) return;
       if (aborted_) throw TransportError(TransportError::Kind::kAborted, peer, "the group was aborted");
-      throw TransportError(TransportError::Kind::kTimeout, peer,
-                           strCat("Timed out waiting for rank ", peer, " (", address, ") to connect: it refused rank ",
-                                  rank_, "'s connection because it was making its own, which never arrived"));
+      if (Clock::now() >= deadline) {
+        throw TransportError(TransportError::Kind::kTimeout, peer,
+                             strCat("Timed out waiting for rank ", peer, " (", address, ") to connect: it refused rank ",
+                                    rank_, "'s connections, keeping its own, which never arrived"));
+      }
+      continue;
+    }
+    if (aborted_) throw TransportError(TransportError::Kind::kAborted, peer, "the group was aborted");
+    // A published listener that refuses is closed: its rank exited or destroyed this group.
+    if (error == ECONNREFUSED) {
+      if (!refusedSince) refusedSince = Clock::now();
+      if (Clock::now() - *refusedSince >= kRefusedMeansGone) {
+        throw TransportError(TransportError::Kind::kPeerClosed, peer,
+                             strCat("rank ", peer, "'s listener at ", address, " refuses connections (",
+                                    std::strerror(error), "): that rank probably exited or crashed"));
+      }
+    } else {
+      refusedSince.reset();
     }
     const std::string mismatch = familyMismatch(rank_, state.setup.myAddress, net::literalFamily(state.setup.host),
                                                 peer, address, target.family());
     if (Clock::now() >= deadline || error == EAFNOSUPPORT) {
       throw TransportError(
-          TransportError::Kind::kTimeout, peer,
+          error == EAFNOSUPPORT ? TransportError::Kind::kIo : TransportError::Kind::kTimeout, peer,
           strCat("rank ", rank_, " could not connect to rank ", peer, " at ", address, ": ", std::strerror(error),
                  " (rank ", rank_, " listens on ", state.setup.myAddress, ", ", state.setup.why, ")", mismatch,
                  ". Hint: ", mismatch.empty() ? unreachableHint() : familyHint()));
     }
-    std::this_thread::sleep_for(std::min<Clock::duration>(kConnectRetry, deadline - Clock::now()));
+    std::unique_lock<std::mutex> lock(state.mutex);
+    state.connected.wait_until(lock, std::min(deadline, Clock::now() + kConnectRetry), connectedOrAborted);
   }
 }
 

@@ -70,8 +70,10 @@ void checkCall(int result, int rank, const char* call, const std::string& about,
 void setBlocking(int fd, bool blocking, int rank, const std::string& about);
 void tuneDataSocket(int fd, int rank, const std::string& about);
 net::Endpoint parseAddress(const std::string& hostPort, int rank, unsigned localScope = 0);
-bool writeBefore(int fd, const void* data, size_t bytes, Deadline deadline);
-bool readBefore(int fd, void* data, size_t bytes, Deadline deadline);
+// Set-up I/O on a non-blocking socket: all `bytes` before `deadline`, or false with errno set
+// (ETIMEDOUT past the deadline, ECONNRESET when the other end closed, ECANCELED once `stop`).
+bool writeBefore(int fd, const void* data, size_t bytes, Deadline deadline, const std::atomic<bool>* stop = nullptr);
+bool readBefore(int fd, void* data, size_t bytes, Deadline deadline, const std::atomic<bool>* stop = nullptr);
 std::string familyMismatch(int rank, const std::string& myAddress, int mine, int peer, const std::string& peerAddress,
                            int peerFamily);
 std::string familyHint();
@@ -123,6 +125,8 @@ struct TcpTransport::MeshSetup {
   // the group's life, e.g. a mesh built for a check on a group that has failed): only a failure
   // recorded after that ends the wait for higher ranks early.
   bool failureRecordedBefore = false;
+  // On demand: the transport's abort flag; every wait of a connect ends when it is set.
+  const std::atomic<bool>* aborted = nullptr;
 
   std::string addressKey(int peer) const { return strCat(purpose, "addr/", peer); }
   std::string peerAddress(int peer) const {
