@@ -154,7 +154,7 @@ DOCUMENTED_RULE = [
     ("allreduce", 16 << 10, 5, "butterfly"), ("allreduce", 64 << 10, 4, "ring"),
     ("allreduce", (16 << 10) + 4, 7, "ring"), ("allreduce", 64 << 10, 8, "butterfly"),
     ("allreduce", (64 << 10) + 4, 8, "ring"), ("allreduce", 512 << 10, 64, "butterfly"),
-    ("allreduce", (512 << 10) + 4, 64, "ring"),
+    ("allreduce", (512 << 10) + 4, 64, "ring"), ("allreduce", (512 << 10) + 4, 1024, "ring"),
     ("broadcast", 256 << 10, 4, "tree"), ("broadcast", (256 << 10) + 1, 4, "ring"),
     ("reduce", 1 << 30, 3, "tree"),
     ("allgather", 64 << 10, 3, "doubling"), ("allgather", (64 << 10) + 4, 3, "ring"),

@@ -77,11 +77,14 @@ const Entry& byName(const CollectiveTable& table, const char* name) {
 // log2(P) exchanges of S up to about 8 KiB x P (scripts/allreduce_crossover.py: 64 KiB at 8
 // ranks, 128-256 KiB at 16, 256 KiB-1 MiB at 32), as the α-β costs above predict: the crossover
 // grows as α 2(P-1) / (β log2 P). Among many hosts' leaders that keeps the ring from taking 2(H-1)
-// network latencies for a message of a few hundred KiB.
+// network latencies for a message of a few hundred KiB. Capped at 512 KiB (64 ranks): in a flat
+// group across hosts every butterfly step sends each local rank's whole buffer through the host's
+// one NIC, where the ring sends one segment (docs/algorithms.md: at 8,192 ranks and 16 MB, 4.5 s
+// of NIC time against the ring's 0.29 s).
 size_t butterflyUpTo(int worldSize) {
   if (worldSize <= 2) return 128 * 1024;
   if (worldSize < 8) return 16 * 1024;
-  return 8 * 1024 * static_cast<size_t>(worldSize);
+  return std::min<size_t>(8 * 1024 * static_cast<size_t>(worldSize), 512 * 1024);
 }
 
 const char* automaticChoice(Collective collective, size_t bytes, int worldSize) {
