@@ -36,6 +36,12 @@ namespace ddplite {
 using namespace tcp_detail;
 
 namespace {
+// Whether the other end of a connection has closed it (or it failed), without reading from it.
+bool closedByPeer(int fd) {
+  pollfd entry = {fd, POLLRDHUP, 0};
+  return poll(&entry, 1, 0) > 0 && (entry.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 // How long a connector waits between attempts at a peer that is not listening yet (its address
 // is published only once it listens, so: a backlog that was full, a transient error).
 constexpr auto kConnectRetry = std::chrono::milliseconds(20);
@@ -144,7 +150,11 @@ std::optional<std::string> TcpTransport::answerOnDemand(const MeshSetup& setup, 
     // After abort() nothing is published (its shutdown loop has run): the connector sees the
     // connection close without an answer.
     if (transport.aborted_.load()) return "";
-    const bool keep = transport.fdOf(peer) < 0 && (!state.connecting[static_cast<size_t>(peer)] || peer < setup.rank);
+    bool keep = transport.fdOf(peer) < 0 && (!state.connecting[static_cast<size_t>(peer)] || peer < setup.rank);
+    // A connector that gave up waiting (its Hello sat in the backlog past its verdict wait) has
+    // closed its end: keeping that connection would leave this rank with a dead socket and the
+    // peer refused for good.
+    if (keep && closedByPeer(connection.fd.get())) return "it closed the connection before the answer";
     // Ready for data before the answer: once it is sent, nothing may fail on this side.
     if (keep) tuneDataSocket(connection.fd.get(), setup.rank, strCat("on the socket from rank ", peer));
     Ack verdict = {keep ? kAckMagic : kRejectMagic, {}};
@@ -189,9 +199,18 @@ std::string TcpTransport::addressOf(int peer) {
 void TcpTransport::publishFd(int peer, int fd) {
   {
     std::lock_guard<std::mutex> lock(onDemand_->mutex);
-    fork_guard::adopt(fd, this);
-    fds_[static_cast<size_t>(peer)].store(fd, std::memory_order_release);
     onDemand_->connecting[static_cast<size_t>(peer)] = 0;
+    if (fdOf(peer) >= 0) {  // the acceptor took the peer's own connection meanwhile: one socket per pair
+      close(fd);
+      return;
+    }
+    try {
+      fork_guard::adopt(fd, this);
+    } catch (...) {
+      close(fd);
+      throw;
+    }
+    fds_[static_cast<size_t>(peer)].store(fd, std::memory_order_release);
     // abort()'s shutdown loop may have run before this publication: end the socket here too.
     if (aborted_.load() && fork_guard::createdHere(creatorPid_)) shutdown(fd, SHUT_RDWR);
   }
