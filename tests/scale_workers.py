@@ -63,18 +63,24 @@ def connections_on_demand(rank, world_size):
     """DDPLITE_CONNECT=on_demand over TCP, all_reduce pinned to the ring: the sockets this rank holds
     after set-up, after ring all_reduces (it talks to 2 peers), and after an all_to_all (to all);
     with the values, checked against the closed form."""
-    counts = {"init": _sockets()}
-    # Every rank counts before any of them starts: a peer's first transfer connects to this rank.
+    # Every rank counts before any of them goes on (through the store, which is not TCP here): a
+    # peer's next transfer may connect to this rank.
     store = dist.distributed_c10d._get_default_store()
-    store.add("on-demand/counted", 1)
-    while store.add("on-demand/counted", 0) < world_size:
-        time.sleep(0.01)
+
+    def counted(stage):
+        counts[stage] = _sockets()
+        store.add(f"on-demand/{stage}", 1)
+        while store.add(f"on-demand/{stage}", 0) < world_size:
+            time.sleep(0.01)
+
+    counts = {}
+    counted("init")
     total = torch.full((1000,), float(rank + 1))
     for _ in range(3):
         dist.all_reduce(total)
     expected = float(world_size * (world_size + 1) // 2) * world_size ** 2
     assert total.eq(expected).all(), (total[:4], expected)
-    counts["ring"] = _sockets()
+    counted("ring")
     sent = torch.arange(world_size, dtype=torch.float32) + 100 * rank
     got = torch.empty(world_size)
     dist.all_to_all_single(got, sent)
