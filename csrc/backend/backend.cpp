@@ -16,9 +16,7 @@
 #include "cpu/transport/rank_view.hpp"
 #include "cpu/transport/tcp.hpp"
 
-#include <poll.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>

@@ -204,6 +204,11 @@ std::string familyMismatch(int rank, const std::string& myAddress, int mine, int
                 net::familyName(peerFamily));
 }
 
+bool closedByPeer(int fd) {
+  pollfd entry = {fd, POLLRDHUP, 0};
+  return poll(&entry, 1, 0) > 0 && (entry.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 std::string familyHint() {
   return "give every rank addresses of one family: the same MASTER_ADDR (or init_method host) on every host, or "
          "DDPLITE_SOCKET_IFNAME naming interfaces that carry that family (IPv4 or IPv6) on every host";
@@ -358,8 +363,11 @@ int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoi
   const bool onDemand = kept != nullptr;
   // On demand the socket is ready for data before the handshake: once the listener keeps it,
   // nothing here may fail and leave the two ranks holding different connections.
-  if (onDemand) tuneDataSocket(fd.get(), setup.rank, strCat("on the socket to rank ", peer));
-  setBlocking(fd.get(), false, setup.rank, about);
+  if (onDemand) {
+    tuneDataSocket(fd.get(), setup.rank, strCat("on the socket to rank ", peer));  // non-blocking too
+  } else {
+    setBlocking(fd.get(), false, setup.rank, about);
+  }
   const std::atomic<bool>* stop = setup.aborted;
   const int result = connect(fd.get(), target.get(), target.length);
   *error = (result == 0) ? 0 : (errno == EINPROGRESS ? finishConnect(fd.get(), setup.deadline, stop) : errno);
@@ -663,9 +671,8 @@ void TcpTransport::checkPeer(int peer) const {
 
 bool TcpTransport::peerHungUp(int peer) {
   checkPeer(peer);
-  pollfd entry = {fdOf(peer), POLLRDHUP, 0};
-  if (entry.fd < 0) return false;  // not connected (on demand): nothing to say
-  return poll(&entry, 1, 0) > 0 && (entry.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  const int fd = fdOf(peer);
+  return fd >= 0 && closedByPeer(fd);  // not connected (on demand): nothing to say
 }
 
 bool TcpTransport::peekWaitingHeader(int peer, WireHeader* header) {

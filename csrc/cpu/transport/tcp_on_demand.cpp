@@ -36,12 +36,6 @@ namespace ddplite {
 using namespace tcp_detail;
 
 namespace {
-// Whether the other end of a connection has closed it (or it failed), without reading from it.
-bool closedByPeer(int fd) {
-  pollfd entry = {fd, POLLRDHUP, 0};
-  return poll(&entry, 1, 0) > 0 && (entry.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-}
-
 // How long a connector waits between attempts at a peer that is not listening yet (its address
 // is published only once it listens, so: a backlog that was full, a transient error).
 constexpr auto kConnectRetry = std::chrono::milliseconds(20);

@@ -77,6 +77,8 @@ bool readBefore(int fd, void* data, size_t bytes, Deadline deadline, const std::
 std::string familyMismatch(int rank, const std::string& myAddress, int mine, int peer, const std::string& peerAddress,
                            int peerFamily);
 std::string familyHint();
+// Whether the other end of a connection has closed it (or it failed), without reading from it.
+bool closedByPeer(int fd);
 std::string unreachableHint();
 
 // Owns a descriptor during set-up, so that every exit path, exceptions included, closes it.
