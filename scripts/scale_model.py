@@ -280,19 +280,39 @@ def connected_peers(ranks, per_host):
     return leader_partners(ranks // per_host) if across else 0
 
 
-def store_set_up(ranks, per_host, across):
-    """(calls, multiGet values, multiGet bytes) at set-up of a rank that is no segment's first.
+# bytes of an average set-up request's key, torch's and ddplite's prefixes included
+# ("default_pg/0//ddplite/size64/run0/shm/ready/count"), and of one run of the host layout ("127x64,")
+KEY = 50
+LAYOUT_RUN = 7
 
-    backend.cpp 4 (run counter, settings set + multiGet, proc/<rank>); tcp.cpp per mesh 3, plus
-    one address get per peer when it connects every pair at init (on demand: one per peer it
-    connects to, at first use, added by resources()); per segment 7 (segment.cpp, shm_group.cpp,
-    channels.cpp); host_hierarchy.cpp 5."""
-    common, mesh, segment = 4, 3 + (ranks - 1 if ranks <= CONNECT_AT_INIT_UP_TO else 0), 7
-    group_wide = ranks * (len(KNOBS) + 2 * IDENTITY + 2)
+
+def store_set_up(ranks, per_host, across):
+    """(requests, bytes) of the set-up of a rank that is neither rank 0 nor a segment's first, and
+    the bytes rank 0 reads on top (every rank's host identity: it compiles the layout).
+
+    backend.cpp 6 (run counter; settings: rank 0's get, then a barrier of set, add, get;
+    proc/<rank>); tcp.cpp per mesh 3, plus one address get per peer when every pair connects at
+    init (on demand: one per peer it connects to, at first use, added by resources()); per
+    segment 8 (segment.cpp: identity set, layout get, name get, report set, verdict get; then the
+    readiness barrier). Across hosts the group's segment stops after 3 (identity set, layout get,
+    one other host's identity for the message), and host_hierarchy.cpp adds 4 (layout get, the
+    report barrier). Values are a few bytes but for the settings (rank 0's, read once) and the
+    layout (a run per host, read once per segment and by the hierarchy)."""
+    mesh = 3 + (ranks - 1 if ranks <= CONNECT_AT_INIT_UP_TO else 0)
+    hosts = ranks // per_host
     if not across:
-        return common + mesh + 2 * segment, 5 * ranks, group_wide
-    calls = common + 2 * mesh + 2 + 1 + 2 + 2 * segment
-    return calls, 4 * ranks + 4 * per_host, group_wide + per_host * (2 * IDENTITY + 2)
+        requests = 6 + mesh + 2 * 8
+        return requests, requests * KEY + len(KNOBS) + 2 * LAYOUT_RUN, 2 * ranks * (KEY + IDENTITY)
+    requests = 6 + 2 * mesh + 3 + 4 + 2 * 8
+    read = requests * KEY + len(KNOBS) + IDENTITY + 2 * hosts * LAYOUT_RUN + 2 * LAYOUT_RUN
+    return requests, read, ranks * (KEY + IDENTITY)
+
+
+def store_set_up_before(ranks, per_host, across):
+    """The multiGet bytes every rank read before 2026-11-27 (each settings, identity, readiness and
+    report round returned every rank's value): for the table's comparison."""
+    group_wide = ranks * (len(KNOBS) + 2 * IDENTITY + 2)
+    return group_wide + (per_host * (2 * IDENTITY + 2) if across else 0)
 
 
 def resources(ranks, per_host):
@@ -308,15 +328,19 @@ def resources(ranks, per_host):
     # fixed: stdio, the store's socket, the segments' descriptors (5 measured with no socket at 64
     # ranks before on demand); on demand a listener and an eventfd per mesh
     fixed = 5 + (2 * meshes if on_demand else 0)
-    calls, values, read = store_set_up(ranks, per_host, across)
+    calls, read, rank0 = store_set_up(ranks, per_host, across)
     if on_demand:
         calls += sockets  # the address of each peer it connects to, read at the first use
+        read += sockets * (KEY + len("[fd00:0:0:0:0:0:a00:1]:65535"))
+    segment_first = 4 * (per_host - 1)  # a has() and a get() per peer's attach report, both segments'
+    job_bytes = ranks * read + rank0 + ranks // per_host * segment_first * KEY
     return {"ranks": ranks, "per_host": per_host, "threads_ddplite": threads,
             "threads_process": threads + 2, "sockets": sockets, "fds": sockets + fixed,
             "fds_extra_on_store_host": ranks - 1, "shm_per_host_bytes": group + channels, "ring_bytes": ring,
-            "store_calls": calls, "store_calls_extra_segment_first": 4 * (per_host - 1),
-            "store_calls_all_ranks": ranks * calls + ranks // per_host * 4 * (per_host - 1),
-            "multiget_values": values, "multiget_bytes": read, "multiget_bytes_all_ranks": ranks * read}
+            "store_calls": calls, "store_calls_extra_segment_first": segment_first,
+            "store_calls_all_ranks": ranks * calls + ranks // per_host * segment_first,
+            "store_bytes": read, "store_bytes_rank0_extra": rank0, "store_bytes_all_ranks": job_bytes,
+            "multiget_bytes_all_ranks_before": ranks * store_set_up_before(ranks, per_host, across)}
 
 
 # ---------------------------------------------------------------- output
@@ -345,7 +369,7 @@ def table(header, lines):
 def report(c, checked, predicted, resource_rows, options):
     table(["constant", "value", "unit, from"], [(k, f"{c[k]:.4g}", unit) for k, unit in UNITS.items()])
     print(f"\n1 / beta_mem = {1 / c['beta_mem_ns']:.1f} GB/s per core; 1 / beta_tcp = {1 / c['beta_tcp_ns']:.2f} GB/s; "
-          f"multiGet values: settings {len(KNOBS)} B, host identity {IDENTITY} B")
+          f"store values: settings {len(KNOBS)} B, host identity {IDENTITY} B, key {KEY} B")
     table(["case (not fitted on)", "predicted", "measured", "predicted / measured"],
           [(what, text(model), text(real), f"{model / real:.2f}") for what, model, real in checked])
     print(f"\nASSUMED: network {options.net_alpha_us} us per step and {options.net_gbps} GB/s per host; hosts of "
@@ -358,13 +382,14 @@ def report(c, checked, predicted, resource_rows, options):
             text(p["leaders_butterfly_s"]),
             text(p["hierarchical_veth_s"]), text(p["flat_tcp_s"]), text(p["one_host_of_64_s"])) for p in predicted])
     table(["ranks", "threads: ddplite / process", "sockets", "fds (+ on the store's host)", "/dev/shm per host",
-           "channel ring", "store calls (+ segment's first rank)", "store calls, all ranks", "multiGet values",
-           "multiGet MB, all ranks"],
+           "channel ring", "store requests (+ segment's first rank)", "store requests, all ranks",
+           "store bytes per rank (+ rank 0)", "store MB, all ranks", "before: multiGet MB, all ranks"],
           [(f"{r['ranks']:,} ({r['per_host']}/host)", f"{r['threads_ddplite']} / {r['threads_process']}",
             f"{r['sockets']:,}", f"{r['fds']:,} (+{r['fds_extra_on_store_host']:,})",
             f"{r['shm_per_host_bytes'] / MIB:.1f} MiB", f"{r['ring_bytes'] // KIB} KiB",
             f"{r['store_calls']:,} (+{r['store_calls_extra_segment_first']})", f"{r['store_calls_all_ranks']:,}",
-            f"{r['multiget_values']:,}", f"{r['multiget_bytes_all_ranks'] / 1e6:,.0f}") for r in resource_rows])
+            f"{r['store_bytes']:,} (+{r['store_bytes_rank0_extra']:,})", f"{r['store_bytes_all_ranks'] / 1e6:,.1f}",
+            f"{r['multiget_bytes_all_ranks_before'] / 1e6:,.0f}") for r in resource_rows])
 
 
 def main():

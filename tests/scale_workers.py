@@ -145,3 +145,76 @@ def many_ranks_round(rank, world_size, counts, dtypes, p2p_sizes):
     p2p = shm_workers.p2p_through_channels(rank, world_size, p2p_sizes)
     outcome["p2p"] = (p2p["failures"][:5], p2p["path"])
     return outcome
+
+
+class CountingStore(dist.Store):
+    """A store that counts the requests made through it and the bytes of their keys and values (sent
+    and answered), around an inner store."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+        self.bytes = 0
+
+    def _count(self, *parts):
+        self.calls += 1
+        self.bytes += sum(len(part) for part in parts)
+
+    def set(self, key, value):
+        self._count(key, value)
+        return self.inner.set(key, value)
+
+    def get(self, key):
+        value = self.inner.get(key)
+        self._count(key, value)
+        return value
+
+    def add(self, key, amount):
+        self._count(key)
+        return self.inner.add(key, amount)
+
+    def compare_set(self, key, expected, desired):
+        value = self.inner.compare_set(key, expected, desired)
+        self._count(key, expected, desired, value)
+        return value
+
+    def check(self, keys):
+        self._count(*keys)
+        return self.inner.check(keys)
+
+    def wait(self, keys, timeout=None):
+        self._count(*keys)
+        return self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+
+    def delete_key(self, key):
+        self._count(key)
+        return self.inner.delete_key(key)
+
+    def num_keys(self):
+        return self.inner.num_keys()
+
+    def multi_get(self, keys):
+        values = self.inner.multi_get(keys)
+        self._count(*keys, *values)
+        return values
+
+    def multi_set(self, keys, values):
+        self._count(*keys, *values)
+        return self.inner.multi_set(keys, values)
+
+    def has_extended_api(self):
+        return True
+
+
+def store_traffic_of_init(rank, world_size, store_path):
+    """init_process_group through a CountingStore: the store requests and bytes of this rank's
+    set-up (torch's and ddplite's), then an all_reduce checked against its closed form."""
+    store = CountingStore(dist.FileStore(store_path + ".counted", world_size))
+    dist.init_process_group("ddplite", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    counted = {"calls": store.calls, "bytes": store.bytes}
+    total = torch.full((3,), float(rank + 1))
+    dist.all_reduce(total)
+    assert total.tolist() == [world_size * (world_size + 1) / 2] * 3, total
+    dist.destroy_process_group()
+    return counted

@@ -93,6 +93,11 @@ def test_op_shapes_follow_nccl_tests_size_semantics():
     assert op_shape("reduce_scatter_tensor", 40, 4, 3) == OpShape(9, 36, 9, 3)
     assert op_shape("all_to_all_single", 40, 4, 3) == OpShape(9, 36, 9, 9)
     assert op_shape("barrier", 40, 4, 3) == OpShape(0, 0, 0, 0)
+    # gather and scatter (--ops only): the gathered output, the scattered input, as nccl-tests
+    assert op_shape("gather", 40, 4, 3) == OpShape(9, 36, 3, 9)
+    assert op_shape("scatter", 40, 4, 3) == OpShape(9, 36, 9, 3)
+    assert bus_bandwidth_factor("gather", 4) == bus_bandwidth_factor("scatter", 4) == 0.75
+    assert "gather" not in OPS and "scatter" not in OPS  # not in the default run
 
 
 def test_op_shape_too_small_is_none():

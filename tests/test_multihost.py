@@ -224,8 +224,8 @@ def test_two_hosts_two_ranks_each_under_torchrun(hosts, tmp_path, synthetic_dir,
         assert all(f"listens on {network.addresses[node]}:" in line and
                    "interface eth0 chosen by DDPLITE_SOCKET_IFNAME=eth" in line for line in lines), lines
     assert "launcher=torchrun world_size=4" in results[0][1] + results[1][1]
-    assert "all_reduce, broadcast, reduce, all_gather, reduce_scatter and barrier within each host through " \
-        "shared memory" in results[0][1]
+    assert "all_reduce, broadcast, reduce, all_gather, reduce_scatter, gather, scatter and barrier within each " \
+        "host through shared memory" in results[0][1]
     assert_same_parameters(load_checkpoint(tmp_path), one_host_four_ranks_paired_sums)
     assert network.pids() == []
 
@@ -320,7 +320,7 @@ for late in (size - 1, 0):  # a barrier holds every rank until the last one (on 
         time.sleep(0.5)
     dist.barrier()
     outcome[f"barrier_waited_{late}"] = time.monotonic() - started
-for name in ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "reduce_scatter"):
+for name in ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "reduce_scatter", "gather_scatter"):
     result = sweeps.SWEEPS[name](rank, size, counts, dtypes)
     outcome[name] = {"failures": result["failures"][:5], "checked": result["checked"]}
 # what the flight recorder says ran each collective, at the default choice
@@ -331,9 +331,11 @@ dist.broadcast(probe, src=size - 1)
 dist.reduce(probe, dst=size - 1)
 dist.all_gather_into_tensor(torch.empty(2 * size), torch.ones(2))
 dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * size))
+dist.gather(torch.ones(2), [torch.empty(2) for _ in range(size)] if rank == size - 1 else None, dst=size - 1)
+dist.scatter(torch.empty(2), [torch.ones(2)] * size if rank == 0 else None, src=0)
 dist.barrier()
 with open(torch_ddp_lite.dump_flight_recorder(os.path.join(tempfile.mkdtemp(), "trace")), "rb") as dump:
-    outcome["recorded"] = [[e["profiling_name"], e["ddplite_algorithm"]] for e in pickle.load(dump)["entries"][-6:]]
+    outcome["recorded"] = [[e["profiling_name"], e["ddplite_algorithm"]] for e in pickle.load(dump)["entries"][-8:]]
 big = torch.full((3_000_001,), float(rank + 1))  # several 512 KiB chunks inside each host
 dist.all_reduce(big)
 outcome["big"] = bool(torch.equal(big, torch.full_like(big, size * (size + 1) / 2)))
@@ -353,8 +355,8 @@ print("OUTCOME " + json.dumps(outcome), flush=True)
                                                          marks=pytest.mark.exhaustive)],
                          ids=["2+2", "2+1", "3+1", "2+2-on-demand", "8x2"])
 def test_hierarchical_collectives_across_hosts(hosts, layout, connect):
-    """A group across hosts whose hosts hold several ranks runs all_reduce, broadcast and reduce
-    (from the first and last rank), all_gather, reduce_scatter and barrier through shared memory
+    """A group across hosts whose hosts hold several ranks runs all_reduce, broadcast, reduce, gather
+    and scatter (from the first and last rank), all_gather, reduce_scatter and barrier through shared memory
     inside each host and over TCP between one leader per host (cpu_path says "hierarchical");
     every sweep (closed form and gloo, every dtype and op, each algorithm pinned and the default)
     and a 12 MB all_reduce give exact results; a barrier holds every rank until the last one
@@ -392,7 +394,7 @@ def test_hierarchical_collectives_across_hosts(hosts, layout, connect):
         for late in (len(layout) - 1, 0):
             assert outcome.pop(f"barrier_waited_{late}") >= 0.45, (rank, late)
         recorded = outcome.pop("recorded")
-        assert len(recorded) == 6 and all(algorithm == "hierarchical" for _, algorithm in recorded), recorded
+        assert len(recorded) == 8 and all(algorithm == "hierarchical" for _, algorithm in recorded), recorded
         assert outcome.pop("big") is True
         assert outcome.pop("big_broadcast") is True
         for name, result in outcome.items():

@@ -273,3 +273,17 @@ def test_two_jobs_at_once_never_share_a_segment():
 def _one_job(job):
     results = run_ranks(sweeps.SWEEPS["allreduce"], 2, [1000, 5000], [torch.float32, torch.int64], env=SHM)
     return "ok" if all(result["failures"] == [] for result in results) else str(results)
+
+
+def test_settings_that_differ_on_one_rank_of_three_name_it_on_every_rank(tmp_path):
+    """Each rank compares its settings with rank 0's and the first rank that differs is recorded in
+    the store (O(1) store traffic per rank): ranks 0 and 1 name rank 2's value, rank 2 names rank 0's."""
+    results = run_ranks(shm_workers.init_with_own_settings, 3, str(tmp_path / "store"),
+                        {2: {"DDPLITE_SHM_CHUNK_BYTES": "8192"}}, backend=None, timeout_s=60)
+    expected = {0: "DDPLITE_SHM_CHUNK_BYTES='524288' here, '8192' on rank 2",
+                1: "DDPLITE_SHM_CHUNK_BYTES='524288' here, '8192' on rank 2",
+                2: "DDPLITE_SHM_CHUNK_BYTES='8192' here, '524288' on rank 0"}
+    for rank, text in expected.items():
+        assert results[rank]["raised"] == "ValueError", results[rank]
+        assert f"ddplite rank {rank}/3, init #0: the ranks of this group run with different settings: {text}" \
+            in results[rank]["message"], results[rank]["message"]

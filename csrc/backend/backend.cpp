@@ -97,29 +97,45 @@ std::string settingIn(const std::string& text, const std::string& name) {
   return lines.substr(begin, lines.find('\n', begin) - begin);
 }
 
-// Every rank publishes the group-wide knobs it runs with and compares them with its peers': a
-// rank with another DDPLITE_CPU_TRANSPORT would otherwise wait on a path its peers never take.
-// The same ValueError on every rank that differs from a peer (each names the first such peer).
+// The knobs `mine` sets differently in `theirs` (settingsText's form), described from this rank.
+std::string settingDifferences(const std::vector<std::pair<std::string, std::string>>& mine, const std::string& theirs,
+                               int peer) {
+  std::string differences;
+  for (const auto& [name, value] : mine) {
+    const std::string other = settingIn(theirs, name);
+    if (other == value) continue;
+    differences += strCat(differences.empty() ? "" : "; ", name, "='", value, "' here, '", other, "' on rank ", peer);
+  }
+  return differences;
+}
+
+// Every rank compares the group-wide knobs it runs with against rank 0's: a rank with another
+// DDPLITE_CPU_TRANSPORT would otherwise wait on a path its peers never take. A rank that differs
+// records itself (the first stays) and every rank learns the verdict in one barrier round, so a
+// rank makes O(1) store requests of O(1) bytes at any group size. Then the same ValueError on
+// every rank: the recorded rank names rank 0's values, every other rank the recorded rank's
+// (or rank 0's, where it runs with the recorded rank's settings).
 void agreeOnGroupWideKnobs(StoreRendezvous& rendezvous, int rank, int size) {
+  if (size == 1) return;
   const auto mine = env::groupWideSettings();
   std::string text;
   for (const auto& [name, value] : mine) text += strCat(name, "=", value, "\n");
-  const std::vector<std::string> every = rendezvous.allGather("knobs/", rank, size, text, "every rank's settings");
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    const std::string& theirs = every[static_cast<size_t>(peer)];
-    if (theirs == text) continue;
-    std::string differences;
-    for (const auto& [name, value] : mine) {
-      const std::string other = settingIn(theirs, name);
-      if (other == value) continue;
-      differences += strCat(differences.empty() ? "" : "; ", name, "='", value, "' here, '", other, "' on rank ", peer);
-    }
-    throwValueError(OpContext{rank, size, "init", 0},
-                    strCat("the ranks of this group run with different settings: ", differences),
-                    "set these DDPLITE_* variables the same on every rank (or unset them everywhere); "
-                    "python -m torch_ddp_lite.collect_env shows what a rank sees");
+  if (rank == 0) rendezvous.set("knobs/reference", text);
+  const std::string reference = rank == 0 ? text : rendezvous.get("knobs/reference", "rank 0's settings");
+  const std::string first = rendezvous.barrier("knobs/", rank, size, reference == text ? "" : strCat(rank, "\n", text),
+                                               "every rank's settings");
+  if (first.empty()) return;
+  const size_t newline = first.find('\n');
+  int peer = std::stoi(first.substr(0, newline));
+  std::string theirs = first.substr(newline + 1);
+  if (peer == rank || theirs == text) {
+    peer = 0;
+    theirs = reference;
   }
+  throwValueError(OpContext{rank, size, "init", 0},
+                  strCat("the ranks of this group run with different settings: ", settingDifferences(mine, theirs, peer)),
+                  "set these DDPLITE_* variables the same on every rank (or unset them everywhere); "
+                  "python -m torch_ddp_lite.collect_env shows what a rank sees");
 }
 
 c10d::WorkResult workResultOf(const TransportError& error) {
@@ -318,9 +334,9 @@ void DdpliteBackend::connectHostHierarchy(const std::string& spansHosts) {
     return;
   }
   cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and the group spans ", hosts_->layout(),
-                       ": all_reduce, broadcast, reduce, all_gather, reduce_scatter and barrier within each host "
-                       "through shared memory and across hosts over TCP among one leader per host; gather, scatter "
-                       "and all_to_all over TCP");
+                       ": all_reduce, broadcast, reduce, all_gather, reduce_scatter, gather, scatter and barrier "
+                       "within each host through shared memory and across hosts over TCP among one leader per host; "
+                       "all_to_all over TCP");
   DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": ", cpuPathWhy_);
 }
 

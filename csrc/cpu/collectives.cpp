@@ -291,6 +291,17 @@ void exchangeVia(const CpuContext& ctx, const ExchangeArgs& args, WireKind kind,
     (ctx.mpi->*viaMpi)(args);
     return;
   }
+  if (ctx.hosts != nullptr && kind != WireKind::kAlltoall) {  // gather, scatter: hierarchical
+    const Fingerprint hierarchical = fingerprintOf(ctx, kind, kShmAlgorithmIndex, "shm", dtype, -1, root, agreed);
+    throwIfPeersSentOverTcp(ctx, hierarchical);
+    if (ctx.algorithm != nullptr) *ctx.algorithm = "hierarchical";  // the flight recorder's name for it
+    if (kind == WireKind::kGather) {
+      shm::gatherAcrossHosts(*ctx.hosts, args, ctx.scratch, hierarchical, ctx.refusedSeq);
+    } else {
+      shm::scatterAcrossHosts(*ctx.hosts, args, ctx.scratch, hierarchical, ctx.refusedSeq);
+    }
+    return;
+  }
   if (ctx.shm != nullptr && shm::exchangeFits(*ctx.shm)) {
     beginOnSharedMemory(ctx, fingerprint);
     shm::exchange(*ctx.shm, args, kind);

@@ -37,8 +37,9 @@ struct CpuContext {
   uint64_t refusedSeq = 0;
   // The group's reduction kernels (fixed when it was created: DDPLITE_CPU_KERNELS).
   const KernelSet* kernels = nullptr;
-  // Set when the group spans hosts and some share one (cpu/shm/host_hierarchy.hpp): all_reduce
-  // runs hierarchically; every other collective over `transport` (announced in the host's segment).
+  // Set when the group spans hosts and some share one (cpu/shm/host_hierarchy.hpp): every
+  // collective but all_to_all runs hierarchically (all_to_all, and any collective with a pinned
+  // algorithm, over `transport`, announced in the host's segment).
   HostHierarchy* hosts = nullptr;
   // Set by the backend when the flight recorder runs: receives the name of the algorithm (or
   // path: "shm", "mpi") of the op's last byte-level collective, a static string. Worker thread.

@@ -51,24 +51,61 @@ std::vector<std::string> StoreRendezvous::gatherAll(const std::string& key, int 
     }
     return values;
   } catch (const std::exception& error) {
-    std::string missing;  // the error path only: one check per rank
-    int listed = 0;
-    for (int r = 0; r < size; ++r) {
-      std::optional<bool> present = has(strCat(key, r));
-      if (present.value_or(true)) continue;
-      if (listed++ < 8) missing += strCat(missing.empty() ? "" : ", ", r);
-    }
-    if (listed > 8) missing += strCat(" and ", listed - 8, " more");
-    throwDistError(strCat("rendezvous failed while waiting for ", waitingFor,
-                          missing.empty() ? std::string() : strCat(" (missing: rank ", missing, ")"), ": ", error.what()),
-                   kRendezvousHint);
+    throwRoundFailed(key, size, waitingFor, error);
   }
+}
+
+void StoreRendezvous::throwRoundFailed(const std::string& key, int size, const std::string& waitingFor,
+                                       const std::exception& error) {
+  std::string missing;  // the error path only: one check per rank
+  int listed = 0;
+  for (int r = 0; r < size; ++r) {
+    std::optional<bool> present = has(strCat(key, r));
+    if (present.value_or(true)) continue;
+    if (listed++ < 8) missing += strCat(missing.empty() ? "" : ", ", r);
+  }
+  if (listed > 8) missing += strCat(" and ", listed - 8, " more");
+  throwDistError(strCat("rendezvous failed while waiting for ", waitingFor,
+                        missing.empty() ? std::string() : strCat(" (missing: rank ", missing, ")"), ": ", error.what()),
+                 kRendezvousHint);
 }
 
 std::vector<std::string> StoreRendezvous::allGather(const std::string& key, int rank, int size,
                                                     const std::string& value, const std::string& waitingFor) {
   set(strCat(key, rank), value);
   return gatherAll(key, size, waitingFor);
+}
+
+std::string StoreRendezvous::getAfterRound(const std::string& key, const std::string& roundKey, int size,
+                                           const std::string& waitingFor) {
+  try {
+    auto bytes = store_->get(kNamespace + prefix_ + key);
+    return std::string(bytes.begin(), bytes.end());
+  } catch (const std::exception& error) {
+    throwRoundFailed(roundKey, size, waitingFor, error);
+  }
+}
+
+std::string StoreRendezvous::barrier(const std::string& key, int rank, int size, const std::string& failure,
+                                     const std::string& waitingFor) {
+  // "<key>done" holds "ok" or "failed <first failure>".
+  const std::string ok = "ok";
+  const std::string failed = "failed ";
+  const std::string base = kNamespace + prefix_ + key;
+  auto text = [](const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); };
+  auto bytesOf = [](const std::string& value) { return std::vector<uint8_t>(value.begin(), value.end()); };
+  try {
+    store_->set(strCat(base, rank), bytesOf(failure.empty() ? ok : failure));
+    if (!failure.empty()) store_->compareSet(base + "failure", {}, bytesOf(failure));
+    if (store_->add(base + "count", 1) == size) {
+      const std::string first = store_->check({base + "failure"}) ? text(store_->get(base + "failure")) : "";
+      store_->set(base + "done", bytesOf(first.empty() ? ok : failed + first));
+    }
+    const std::string verdict = text(store_->get(base + "done"));  // waits up to the store's timeout
+    return verdict == ok ? std::string() : verdict.substr(failed.size());
+  } catch (const std::exception& error) {
+    throwRoundFailed(key, size, waitingFor, error);
+  }
 }
 
 std::string StoreRendezvous::compareSet(const std::string& key, const std::string& expected,

@@ -37,6 +37,20 @@ class StoreRendezvous {
   std::vector<std::string> gatherAll(const std::string& key, int size, const std::string& waitingFor);
   std::vector<std::string> allGather(const std::string& key, int rank, int size, const std::string& value,
                                      const std::string& waitingFor);
+  // get(key) for a value one rank publishes after reading a gatherAll round on `roundKey`: a
+  // timeout names the ranks missing from that round, as gatherAll's does.
+  std::string getAfterRound(const std::string& key, const std::string& roundKey, int size,
+                            const std::string& waitingFor);
+  // A set-up round that only needs to know whether every rank got through: O(1) requests and
+  // bytes per rank at any size (gatherAll's multiGet returns P values to each of P ranks). Each
+  // rank sets "<key><rank>" (so that a timeout can name the missing ranks), records `failure` if
+  // it has one (compareSet on "<key>failure": the first one stays), then adds 1 to "<key>count".
+  // The rank whose add brings the count to `size` publishes "<key>done" = the first recorded
+  // failure, or nothing; every rank waits for that key. Returns the first failure ("" for none),
+  // the same on every rank. A rank's writes before the call are visible to every rank after it
+  // (each store request is a round trip to the one store, in order).
+  std::string barrier(const std::string& key, int rank, int size, const std::string& failure,
+                      const std::string& waitingFor);
   // Store::compareSet: sets `desired` if the key holds `expected` ("" for absent) and returns the
   // value the key holds afterwards: with expected "", the first caller's value, for every caller.
   // Store errors propagate as the store raised them (the caller names its op).
@@ -65,6 +79,10 @@ class StoreRendezvous {
   void awaitFailureReadByAll(int size, std::chrono::milliseconds limit);
 
  private:
+  // The error of a round that timed out, naming (up to 8 of) the ranks whose "<key><r>" is missing.
+  [[noreturn]] void throwRoundFailed(const std::string& key, int size, const std::string& waitingFor,
+                                     const std::exception& error);
+
   c10::intrusive_ptr<c10d::Store> store_;
   std::string prefix_;
 };

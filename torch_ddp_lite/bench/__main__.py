@@ -8,7 +8,7 @@ import torch
 
 from torch_ddp_lite.bench import collectives, ddp
 from torch_ddp_lite.bench.launch import BACKEND_VARIANTS, MEMCPY, launcher_ranks, run_ranks
-from torch_ddp_lite.bench.sweep import OPS, parse_size, parse_size_list, size_sweep
+from torch_ddp_lite.bench.sweep import EXTRA_OPS, OPS, parse_size, parse_size_list, size_sweep
 
 
 def comma_list(text):
@@ -50,7 +50,7 @@ def add_collectives(subcommands, common):
         "collectives", parents=[common], prog="python -m torch_ddp_lite.bench [collectives]",
         help="collectives swept over sizes (the default subcommand)",
         description="Collectives swept over sizes on several backends in one run, nccl-tests style.")
-    parser.add_argument("--ops", type=comma_list, default=list(OPS), help=f"comma list of: {', '.join(OPS)}")
+    parser.add_argument("--ops", type=comma_list, default=list(OPS), help=f"comma list of: {', '.join(OPS)} (the default); also {', '.join(EXTRA_OPS)}")
     parser.add_argument("--min-bytes", "-b", type=parse_size, default=8, help="smallest size (K/M/G suffixes)")
     parser.add_argument("--max-bytes", "-e", type=parse_size, default=parse_size("256M"), help="largest size")
     parser.add_argument("--step-factor", "-f", type=int, default=2, help="multiply the size by this each step")
@@ -138,9 +138,9 @@ def check_output_folders(parser, options):
 
 
 def check_collectives(parser, options):
-    unknown = [op for op in options.ops if op not in OPS]
+    unknown = [op for op in options.ops if op not in OPS + EXTRA_OPS]
     if unknown:
-        parser.error(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(OPS)}")
+        parser.error(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(OPS + EXTRA_OPS)}")
     if options.sizes is None:
         try:
             size_sweep(options.min_bytes, options.max_bytes, options.step_factor)

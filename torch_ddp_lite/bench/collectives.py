@@ -147,9 +147,16 @@ def op_call(op, group, source, target, sync):
         "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(target, source, group=group),
         "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(target, source, group=group),
         "all_to_all_single": lambda: dist.all_to_all_single(target, source, group=group),
+        "gather": lambda: dist.gather(source, list(target.chunk(dist.get_world_size(group))) if is_root() else None,
+                                      dst=dist.get_global_rank(group, 0), group=group),
+        "scatter": lambda: dist.scatter(target, list(source.chunk(dist.get_world_size(group))) if is_root() else None,
+                                        src=dist.get_global_rank(group, 0), group=group),
         "barrier": lambda: dist.barrier(group=group),
         "sendrecv": lambda: send_to_next(source, target, group),
     }[op]
+
+    def is_root():  # gather and scatter are rooted at the group's rank 0
+        return dist.get_rank(group) == 0
 
     def run_once():
         issue()

@@ -10,7 +10,7 @@ nccl-tests output:
 * ``algbw = size / time`` in GB/s with GB = 10^9 bytes.
 * ``busbw = algbw * factor``, the factor turning the op into the bandwidth one link needs, so
   every op can be compared with the hardware's peak: all_reduce 2(n-1)/n; all_gather,
-  reduce_scatter and all_to_all (n-1)/n; broadcast 1. A barrier moves no data: latency only.
+  reduce_scatter, all_to_all, gather and scatter (n-1)/n; broadcast 1. A barrier moves no data: latency only.
 """
 
 import re
@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "barrier",
        "sendrecv")
+# Measured when asked for (--ops), not by default: rooted at rank 0; size is the gathered output
+# (the scattered input), as nccl-tests' gather and scatter.
+EXTRA_OPS = ("gather", "scatter")
 
 _SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*([KMG]?)(I?B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -77,11 +80,13 @@ def bus_bandwidth_factor(op, world_size):
         "all_gather_into_tensor": (n - 1) / n,
         "reduce_scatter_tensor": (n - 1) / n,
         "all_to_all_single": (n - 1) / n,
+        "gather": (n - 1) / n,
+        "scatter": (n - 1) / n,
         "barrier": None,
         "sendrecv": 1.0,  # every rank sends the size to rank + 1 and receives it from rank - 1
     }
     if op not in factors:
-        raise ValueError(f"unknown op {op!r}; known: {', '.join(OPS)}")
+        raise ValueError(f"unknown op {op!r}; known: {', '.join(OPS + EXTRA_OPS)}")
     return factors[op]
 
 
@@ -107,7 +112,7 @@ def op_shape(op, nbytes, element_size, world_size):
         return None  # no peer to send to
     count = nbytes // element_size
     n = world_size
-    if op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
+    if op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter"):
         count -= count % n
     if count == 0:
         return None
@@ -118,6 +123,8 @@ def op_shape(op, nbytes, element_size, world_size):
         "all_gather_into_tensor": (per_rank, count),
         "reduce_scatter_tensor": (count, per_rank),
         "all_to_all_single": (count, count),
+        "gather": (per_rank, count),
+        "scatter": (count, per_rank),
         "sendrecv": (count, count),
     }[op]
     return OpShape(count, count * element_size, *numels)

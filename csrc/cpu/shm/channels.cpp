@@ -56,7 +56,7 @@ std::unique_ptr<ShmChannels> ShmChannels::create(StoreRendezvous& rendezvous, Tr
   channels->processGroupRanks_ = std::move(processGroupRanks);
   channels->state(rank).process = ProcessIdentity::ofThisProcess();
   // Every rank's identity is visible to the others after this store round trip.
-  rendezvous.allGather("channels/ready/", rank, size, "1", "every rank to map its point-to-point channels");
+  rendezvous.barrier("channels/ready/", rank, size, "", "every rank to map its point-to-point channels");
   return channels;
 }
 

@@ -1,29 +1,20 @@
 #include "cpu/shm/host_hierarchy.hpp"
 
 #include "common/errors.hpp"
+#include "rendezvous/host_layout.hpp"
 
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
-#include <map>
 
 namespace ddplite::cpu {
 
 namespace {
 
-// The group's ranks by host, hosts in the order of their lowest rank, ranks ascending.
+// The group's ranks by host, hosts in the order of their lowest rank, ranks ascending: the layout
+// rank 0 published in ShmSegment::create (rendezvous/host_layout.hpp).
 std::vector<std::vector<int>> ranksByHost(StoreRendezvous& rendezvous, int size) {
-  std::vector<std::vector<int>> hosts;
-  std::map<std::string, size_t> hostOf;
-  // published by every rank in ShmSegment::create before it compared identities
-  const std::vector<std::string> identities = rendezvous.gatherAll("shm/host/", size, "every rank's host identity");
-  for (int member = 0; member < size; ++member) {
-    const std::string& identity = identities[static_cast<size_t>(member)];
-    const auto [at, added] = hostOf.emplace(identity, hosts.size());
-    if (added) hosts.emplace_back();
-    hosts[at->second].push_back(member);
-  }
-  return hosts;
+  return publishedHostLayout(rendezvous, size).ranksByHost();
 }
 
 std::string describeLayout(const std::vector<std::vector<int>>& hosts) {
@@ -89,14 +80,13 @@ std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous
                                          hierarchy->localView_->size(), chunkBytes, &failure, &spansHosts, *mine);
   }
   // Every rank learns whether every host got its segment: all use the hierarchy, or none does.
-  const std::vector<std::string> reports = rendezvous.allGather(
-      "hierarchy/", rank, size, failure.empty() ? "ok" : failure, "every rank setting up its host's shared memory");
-  for (int member = 0; member < size; ++member) {
-    const std::string& report = reports[static_cast<size_t>(member)];
-    if (report != "ok") {
-      *whyNot = strCat("rank ", member, " could not share memory with its host's ranks: ", report);
-      return nullptr;
-    }
+  const std::string firstFailure = rendezvous.barrier(
+      "hierarchy/", rank, size,
+      failure.empty() ? "" : strCat("rank ", rank, " could not share memory with its host's ranks: ", failure),
+      "every rank setting up its host's shared memory");
+  if (!firstFailure.empty()) {
+    *whyNot = firstFailure;
+    return nullptr;
   }
   if (rank == mine->front() && hosts.size() > 1) hierarchy->leaders_ = std::make_unique<RankView>(mesh, leaders);
   return hierarchy;
@@ -113,6 +103,13 @@ void HostHierarchy::runAmongLeaders(Collective collective, const AlgorithmArgs& 
   AlgorithmArgs among{*leaders_, args.deadline, args.scratch, args.data, args.count, args.elementSize,
                       args.reduce, args.reduceMany, root};
   selection.run(among);  // a failure: the backend records it, then breakGroup() (see the header)
+}
+
+Transport& HostHierarchy::beginAmongLeaders(Fingerprint fingerprint, int rootHost) {
+  DDPLITE_ENFORCE(leaders_ != nullptr, "beginAmongLeaders on a rank that does not lead its host");
+  if (fingerprint.root >= 0) fingerprint.root = rootHost;  // the leaders' view numbers hosts
+  leaders_->beginCollective(fingerprint);
+  return *leaders_;
 }
 
 void HostHierarchy::abort() {

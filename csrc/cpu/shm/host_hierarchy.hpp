@@ -1,8 +1,8 @@
 // A group whose ranks span hosts, seen as hosts: the ranks of each host share a segment (a
 // ShmGroup over just them), and one leader per host (its lowest rank) talks to the other hosts'
 // leaders over the group's TCP mesh. The *_hierarchical.cpp files run all_reduce, broadcast,
-// reduce, all_gather, reduce_scatter and barrier on it; gather, scatter and all_to_all of such a
-// group run over TCP among all ranks. Its send/recv go through channels among each host's ranks
+// reduce, all_gather, reduce_scatter, gather, scatter and barrier on it; all_to_all of such a
+// group runs over TCP among all ranks. Its send/recv go through channels among each host's ranks
 // (backend: connectHostChannels).
 //
 // Threading: like ShmGroup (the thread that runs the group's collectives; abort() from any);
@@ -67,6 +67,11 @@ class HostHierarchy {
   // fail at once, quoting that first failure (DdpliteBackend::failureFromTransport).
   void runAmongLeaders(Collective collective, const AlgorithmArgs& args, Fingerprint fingerprint, size_t bufferBytes,
                        int root);
+
+  // A leader's part of a hierarchical gather or scatter, whose steps among the leaders the caller
+  // runs itself: the leaders' transport, armed with `fingerprint` (root: `rootHost`). The same
+  // contract as runAmongLeaders on failure.
+  Transport& beginAmongLeaders(Fingerprint fingerprint, int rootHost);
 
   // This process's waits end (ShmGroup::abort); breakGroup: every rank of this host's segment's.
   void abort();

@@ -2,6 +2,7 @@
 
 #include "common/env.hpp"
 #include "common/errors.hpp"
+#include "rendezvous/host_layout.hpp"
 #include "cpu/transport/transport.hpp"
 #include "common/logging.hpp"
 
@@ -163,18 +164,16 @@ std::string ShmSegment::hostIdentity() {
 }
 
 ShmSegment::Outcome ShmSegment::create(StoreRendezvous& rendezvous, int rank, int size, size_t bytes) {
-  // 1. one host?
+  // 1. one host? (rank 0 compiles the layout: O(1) store requests and bytes for the others)
   const std::string mine = hostIdentity();
-  const std::vector<std::string> identities =
-      rendezvous.allGather("shm/host/", rank, size, mine, "every rank's host identity");
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    const std::string& theirs = identities[static_cast<size_t>(peer)];
-    if (theirs != mine) {
-      return {nullptr,
-              strCat("the group spans hosts (rank ", peer, " is on '", theirs, "', rank ", rank, " on '", mine, "')"),
-              /*spansHosts=*/true};
-    }
+  const HostLayout layout = exchangeHostLayout(rendezvous, rank, size, mine);
+  if (layout.hosts > 1) {
+    int other = 0;
+    while (layout.hostOfRank[static_cast<size_t>(other)] == layout.hostOfRank[static_cast<size_t>(rank)]) ++other;
+    return {nullptr,
+            strCat("the group spans hosts (rank ", other, " is on '", publishedHostIdentity(rendezvous, other),
+                   "', rank ", rank, " on '", mine, "')"),
+            /*spansHosts=*/true};
   }
   // 2. rank 0 creates. From here on every exit path, exceptions included (a store wait that
   // throws because a peer died), unlinks the name unless all ranks attached (then rank 0 does)

@@ -71,6 +71,14 @@ void reduceScatterAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, c
                               uint64_t refusedSeq);
 void barrierAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                         uint64_t refusedSeq);
+// gather and scatter of a group across hosts (gather_hierarchical.cpp, scatter_hierarchical.cpp):
+// P blocks of equal size (gather: sendSpans[0].bytes; scatter: recvSpans[0].bytes), the root's
+// rank-major, as cpu::gather and cpu::scatter build them; args.root is the group's rank and
+// args.transport is not used. `scratch` backs the AlgorithmArgs of the segment's steps.
+void gatherAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& scratch,
+                       const Fingerprint& fingerprint, uint64_t refusedSeq);
+void scatterAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& scratch,
+                        const Fingerprint& fingerprint, uint64_t refusedSeq);
 void exchange(ShmGroup& group, const ExchangeArgs& args, WireKind kind);  // exchange.cpp
 
 }  // namespace ddplite::cpu::shm

@@ -107,7 +107,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
   if (hooks.shmFaultRank == rank) group->faultSeq_ = hooks.shmFaultSeq;
   // Every rank's process identity and first flags are visible to the others after this store
   // round trip (plain fields written before it, read only after it).
-  rendezvous.allGather("shm/ready/", rank, size, "1", "every rank to map shared memory");
+  rendezvous.barrier("shm/ready/", rank, size, "", "every rank to map shared memory");
   return group;
 }
 
