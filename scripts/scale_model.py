@@ -208,6 +208,15 @@ def checks(c):
         out.append((f"hierarchical 2x2, {format_size(s)}", hierarchical_s(c, vm(4), net, s, 2, 2)[0],
                     measured(two_by_two, "ddplite", 4, s)))
         out.append((f"flat TCP 2x2, {format_size(s)}", flat(s, 4, 2), measured(two_by_two, "ddplite-tcp", 4, s)))
+    # 4 and 8 namespace hosts x 2 ranks (2026-11-26): 8 and 16 processes on the 2 cores
+    for name, hosts in (("scale/hosts_4x2.json", 4), ("scale/hosts_8x2.json", 8)):
+        if not os.path.exists(os.path.join(ROOT, "docs", "data", name)):
+            continue
+        timed, p = rows(name), 2 * hosts
+        for s in (8, 4 * KIB, 256 * KIB, 2 * MIB, 16 * MIB):
+            out.append((f"hierarchical {hosts}x2, {format_size(s)}", hierarchical_s(c, vm(p), net, s, hosts, 2)[0],
+                        measured(timed, "ddplite", p, s)))
+            out.append((f"flat TCP {hosts}x2, {format_size(s)}", flat(s, p, p / 2), measured(timed, "ddplite-tcp", p, s)))
     # 64 on 2 cores; the run after the selector took butterfly up to 8 KiB x P (2026-11-26)
     if os.path.exists(os.path.join(ROOT, "docs", "data", "scale", "hosts_16x4_allreduce_on_demand.json")):
         sixteen = rows("scale/hosts_16x4_allreduce_on_demand.json")
@@ -309,7 +318,7 @@ def store_set_up(ranks, per_host, across):
 
 
 def store_set_up_before(ranks, per_host, across):
-    """The multiGet bytes every rank read before 2026-11-27 (each settings, identity, readiness and
+    """The multiGet bytes every rank read before this change (each settings, identity, readiness and
     report round returned every rank's value): for the table's comparison."""
     group_wide = ranks * (len(KNOBS) + 2 * IDENTITY + 2)
     return group_wide + (per_host * (2 * IDENTITY + 2) if across else 0)

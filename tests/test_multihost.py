@@ -224,8 +224,9 @@ def test_two_hosts_two_ranks_each_under_torchrun(hosts, tmp_path, synthetic_dir,
         assert all(f"listens on {network.addresses[node]}:" in line and
                    "interface eth0 chosen by DDPLITE_SOCKET_IFNAME=eth" in line for line in lines), lines
     assert "launcher=torchrun world_size=4" in results[0][1] + results[1][1]
-    assert "all_reduce, broadcast, reduce, all_gather, reduce_scatter, gather, scatter and barrier within each " \
-        "host through shared memory" in results[0][1]
+    assert "all_reduce, broadcast, reduce, all_gather, reduce_scatter and barrier within each host through " \
+        "shared memory and across hosts over TCP among one leader per host; gather, scatter and all_to_all over " \
+        "TCP" in results[0][1]
     assert_same_parameters(load_checkpoint(tmp_path), one_host_four_ranks_paired_sums)
     assert network.pids() == []
 
@@ -349,14 +350,15 @@ print("OUTCOME " + json.dumps(outcome), flush=True)
 """
 
 
-@pytest.mark.parametrize("layout,connect", [([0, 0, 1, 1], "auto"), ([0, 1, 0], "auto"), ([0, 0, 0, 1], "auto"),
-                                            ([0, 0, 1, 1], "on_demand"),
+@pytest.mark.parametrize("layout,connect", [([0, 0, 1, 1], "auto"), ([0, 1, 0], "on_demand"),
+                                            ([0, 0, 0, 1], "on_demand"), ([0, 0, 1, 1], "on_demand"),
                                             pytest.param([host for host in range(8) for _ in range(2)], "auto",
                                                          marks=pytest.mark.exhaustive)],
-                         ids=["2+2", "2+1", "3+1", "2+2-on-demand", "8x2"])
+                         ids=["2+2", "2+1-on-demand", "3+1-on-demand", "2+2-on-demand", "8x2"])
 def test_hierarchical_collectives_across_hosts(hosts, layout, connect):
-    """A group across hosts whose hosts hold several ranks runs all_reduce, broadcast, reduce, gather
-    and scatter (from the first and last rank), all_gather, reduce_scatter and barrier through shared memory
+    """A group across hosts whose hosts hold several ranks runs all_reduce, broadcast, reduce (from the
+    first and last rank), all_gather, reduce_scatter and barrier, and on demand gather and scatter
+    (from the first and last rank) too, through shared memory
     inside each host and over TCP between one leader per host (cpu_path says "hierarchical");
     every sweep (closed form and gloo, every dtype and op, each algorithm pinned and the default)
     and a 12 MB all_reduce give exact results; a barrier holds every rank until the last one
@@ -394,7 +396,10 @@ def test_hierarchical_collectives_across_hosts(hosts, layout, connect):
         for late in (len(layout) - 1, 0):
             assert outcome.pop(f"barrier_waited_{late}") >= 0.45, (rank, late)
         recorded = outcome.pop("recorded")
-        assert len(recorded) == 8 and all(algorithm == "hierarchical" for _, algorithm in recorded), recorded
+        # gather and scatter go through the leaders when the pairs connect on demand, else direct
+        exchanges = "hierarchical" if connect == "on_demand" else "direct"
+        assert [algorithm for _, algorithm in recorded] == ["hierarchical"] * 5 + [exchanges] * 2 + ["hierarchical"], \
+            recorded
         assert outcome.pop("big") is True
         assert outcome.pop("big_broadcast") is True
         for name, result in outcome.items():

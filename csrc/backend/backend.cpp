@@ -333,10 +333,11 @@ void DdpliteBackend::connectHostHierarchy(const std::string& spansHosts) {
     DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives over TCP: ", spansHosts, "; ", whyNot);
     return;
   }
-  cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and the group spans ", hosts_->layout(),
-                       ": all_reduce, broadcast, reduce, all_gather, reduce_scatter, gather, scatter and barrier "
-                       "within each host through shared memory and across hosts over TCP among one leader per host; "
-                       "all_to_all over TCP");
+  const bool exchanges = hosts_->exchangesThroughLeaders();  // gather, scatter (connections on demand)
+  cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and the group spans ", hosts_->layout(), ": all_reduce, broadcast, "
+                       "reduce, all_gather, ", exchanges ? "reduce_scatter, gather, scatter" : "reduce_scatter",
+                       " and barrier within each host through shared memory and across hosts over TCP among one "
+                       "leader per host; ", exchanges ? "all_to_all" : "gather, scatter and all_to_all", " over TCP");
   DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": ", cpuPathWhy_);
 }
 

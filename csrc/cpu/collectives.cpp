@@ -291,7 +291,7 @@ void exchangeVia(const CpuContext& ctx, const ExchangeArgs& args, WireKind kind,
     (ctx.mpi->*viaMpi)(args);
     return;
   }
-  if (ctx.hosts != nullptr && kind != WireKind::kAlltoall) {  // gather, scatter: hierarchical
+  if (ctx.hosts != nullptr && kind != WireKind::kAlltoall && ctx.hosts->exchangesThroughLeaders()) {
     const Fingerprint hierarchical = fingerprintOf(ctx, kind, kShmAlgorithmIndex, "shm", dtype, -1, root, agreed);
     throwIfPeersSentOverTcp(ctx, hierarchical);
     if (ctx.algorithm != nullptr) *ctx.algorithm = "hierarchical";  // the flight recorder's name for it

@@ -1,5 +1,6 @@
 #include "cpu/shm/host_hierarchy.hpp"
 
+#include "common/env.hpp"
 #include "common/errors.hpp"
 #include "rendezvous/host_layout.hpp"
 
@@ -44,6 +45,7 @@ std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous
     hierarchy->maxRanksPerHost_ = std::max(hierarchy->maxRanksPerHost_, static_cast<int>(ranks.size()));
   }
   hierarchy->layout_ = describeLayout(hosts);
+  hierarchy->exchangesThroughLeaders_ = env::connectOnDemand(size);
   std::vector<int> leaders;
   const std::vector<int>* mine = nullptr;
   for (const auto& ranks : hosts) {

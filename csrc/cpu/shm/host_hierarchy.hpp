@@ -1,8 +1,9 @@
 // A group whose ranks span hosts, seen as hosts: the ranks of each host share a segment (a
 // ShmGroup over just them), and one leader per host (its lowest rank) talks to the other hosts'
 // leaders over the group's TCP mesh. The *_hierarchical.cpp files run all_reduce, broadcast,
-// reduce, all_gather, reduce_scatter, gather, scatter and barrier on it; all_to_all of such a
-// group runs over TCP among all ranks. Its send/recv go through channels among each host's ranks
+// reduce, all_gather, reduce_scatter and barrier on it, and gather and scatter when the group
+// connects on demand (exchangesThroughLeaders); all_to_all of such a group runs over TCP among
+// all ranks. Its send/recv go through channels among each host's ranks
 // (backend: connectHostChannels).
 //
 // Threading: like ShmGroup (the thread that runs the group's collectives; abort() from any);
@@ -54,6 +55,12 @@ class HostHierarchy {
   int indexOnHost(int rank) const { return indexOnHost_.at(static_cast<size_t>(rank)); }
   // "2 hosts: ranks 0,1 | 2,3"
   const std::string& layout() const { return layout_; }
+  // Whether gather and scatter go through the leaders too (gather_hierarchical.cpp): when the
+  // group's TCP pairs connect on demand (DDPLITE_CONNECT, the same on every rank). Then the root
+  // holds sockets to a few leaders instead of one per rank. With every pair connected at init,
+  // they go flat over TCP: on this 2-core VM the flat path measured 1.3-2.6x faster at 4 and 8
+  // namespace hosts x 2 ranks (docs/scale.md), since the hierarchy adds a sync in each segment.
+  bool exchangesThroughLeaders() const { return exchangesThroughLeaders_; }
   // A buffer of at least `bytes` for a hierarchical collective's host-major copy of its data
   // (all_gather, reduce_scatter): apart from AlgorithmArgs::scratch, which the leaders' TCP
   // algorithm uses meanwhile. Valid until the next call; grows, never shrinks.
@@ -87,6 +94,7 @@ class HostHierarchy {
   int rank_ = 0;
   int maxRanksPerHost_ = 0;
   bool hostMajorIsRankOrder_ = false;
+  bool exchangesThroughLeaders_ = false;
   Scratch staging_;
   std::vector<int> localRanks_;
   std::vector<int> ranksOnHost_;  // by host
