@@ -218,3 +218,27 @@ def store_traffic_of_init(rank, world_size, store_path):
     assert total.tolist() == [world_size * (world_size + 1) / 2] * 3, total
     dist.destroy_process_group()
     return counted
+
+
+def recv_from_peer_killed_before_connecting(rank, world_size, victim):
+    """DDPLITE_CONNECT=on_demand over TCP: `victim` is killed before any transfer, so no pair with
+    it was ever connected. Rank 0 receives from it (and, on the same pump, from rank 1, which
+    sends): how long the recv from the victim took to fail, and how."""
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(1.0)  # the victim is gone (its listener closed with it)
+    if rank != 0:
+        if rank == 1:
+            dist.send(torch.full((4,), 7.0), dst=0)
+        return {"raised": None}
+    from_one = torch.zeros(4)
+    other = dist.irecv(from_one, src=1)
+    start = time.monotonic()
+    try:
+        dist.recv(torch.zeros(4), src=victim)
+        return {"raised": None, "seconds": time.monotonic() - start}
+    except Exception as error:  # noqa: BLE001 - the outcome is the result
+        outcome = {"raised": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}
+    other.wait()
+    outcome["from_one"] = from_one.tolist()
+    return outcome

@@ -40,3 +40,18 @@ def test_a_peer_killed_before_it_ever_connected_is_reported_within_seconds():
     # the ranks next to it in the ring reach its listener themselves
     assert any("refuses connections" in outcome["message"] for rank, outcome in enumerate(results) if rank != 2), \
         results
+
+
+def test_a_recv_from_a_peer_killed_before_it_ever_connected_fails_within_seconds():
+    """Over TCP on demand, rank 0 posts a recv from rank 2, which was killed before any transfer:
+    no socket with it ever existed to end. The send/recv pump connects the pair the recv names
+    (P2pLinks::reachAwaited), meets rank 2's closed listener, and the recv fails within seconds
+    (not at the group's 60 s timeout), naming rank 2. A recv from rank 1 on the same pump
+    completes."""
+    results = run_ranks(scale_workers.recv_from_peer_killed_before_connecting, 3, 2, env=ON_DEMAND_TCP,
+                        pg_timeout_s=60, may_exit={2})
+    outcome = results[0]
+    assert outcome["raised"] == "DistBackendError", outcome
+    assert outcome["seconds"] < 15, outcome
+    assert "rank 2" in outcome["message"] and "refuses connections" in outcome["message"], outcome
+    assert outcome["from_one"] == [7.0] * 4, outcome

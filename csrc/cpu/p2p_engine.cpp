@@ -367,9 +367,9 @@ Deadline P2pEngine::checkPeersWithWork(Pump& pump, std::vector<int>* sending) {
   P2pLinks& links = *pump.links;
   sending->clear();
   std::vector<int> withWork;
+  std::vector<char> awaited(static_cast<size_t>(size_), 0);  // named by a posted recv
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<char> awaited(static_cast<size_t>(size_), 0);
     bool anySource = false;
     for (const auto& posted : posted_) {
       if (posted.peer == kAnySource) {
@@ -410,6 +410,7 @@ Deadline P2pEngine::checkPeersWithWork(Pump& pump, std::vector<int>* sending) {
     if (!p.receiving) continue;
     try {
       links.checkAlive(peer);
+      if (awaited[static_cast<size_t>(peer)]) links.reachAwaited(peer);  // not for any-source: not every pair
     } catch (const TransportError&) {
       peerLost(links, peer, std::current_exception());
     }

@@ -105,7 +105,8 @@ class SocketLinks final : public P2pLinks {
       : P2pLinks(std::move(peers)),
         mesh_(std::move(mesh)),
         connectTimeout_(connectTimeout),
-        ended_(static_cast<size_t>(mesh_->size()), 0) {
+        ended_(static_cast<size_t>(mesh_->size()), 0),
+        nextReach_(static_cast<size_t>(mesh_->size())) {
     wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wakeFd_ < 0) {
       const int error = errno;
@@ -143,6 +144,22 @@ class SocketLinks final : public P2pLinks {
 
   // A peer that exits closes its socket, which the next tryRecv reads as the end of the stream.
   void checkAlive(int) override {}
+  // On demand, a pair a recv waits on may never have connected: then no socket can end. Connect
+  // it (this thread waits for the handshake, milliseconds with a live peer, whose first send
+  // would have connected it anyway). A peer whose listener refuses for a second is gone
+  // (kPeerClosed, thrown); one that cannot be reached within kReachWithin is tried again later.
+  void reachAwaited(int peer) override {
+    if (!mesh_->onDemand() || mesh_->socketOf(peer) >= 0) return;
+    Clock::time_point& next = nextReach_[static_cast<size_t>(peer)];
+    const auto now = Clock::now();
+    if (now < next) return;
+    next = now + kReachEvery;
+    try {
+      mesh_->connectNow(peer, now + std::min<Clock::duration>(kReachWithin, connectTimeout_));
+    } catch (const TransportError& error) {
+      if (error.kind() != TransportError::Kind::kTimeout) throw;
+    }
+  }
   void stopReceiving(int peer) override { ended_[static_cast<size_t>(peer)] = 1; }
 
   void armWait() override {}  // the eventfd keeps a wake() made before wait() until wait() reads it
@@ -176,7 +193,10 @@ class SocketLinks final : public P2pLinks {
  private:
   std::unique_ptr<TcpTransport> mesh_;
   const std::chrono::milliseconds connectTimeout_;
+  static constexpr auto kReachEvery = std::chrono::seconds(1);
+  static constexpr auto kReachWithin = std::chrono::seconds(2);
   std::vector<char> ended_;  // by group rank: its stream ended or failed (pump thread)
+  std::vector<Clock::time_point> nextReach_;  // by group rank: reachAwaited's next try (pump thread)
   int wakeFd_ = -1;
   std::vector<pollfd> entries_;  // wait()'s, kept to spare an allocation per sleep
 };

@@ -41,6 +41,10 @@ class P2pLinks {
   // left to read; at most one system call, made at most every 100 ms per peer. For a peer the
   // pump has work for (a posted recv, a send) while nothing moves.
   virtual void checkAlive(int peer) = 0;
+  // For a peer a posted recv names, after checkAlive: links whose pairs connect on demand connect
+  // a pair the peer has not connected yet (at most once a second per peer), so that a peer gone
+  // before it ever connected is seen by its refusing listener, not at the recv's deadline.
+  virtual void reachAwaited(int) {}
   // The engine reads nothing more from `peer` (its stream ended or broke): stop watching it.
   virtual void stopReceiving(int peer) = 0;
 

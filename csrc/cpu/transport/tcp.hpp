@@ -86,6 +86,9 @@ class TcpTransport final : public Transport {
   int socketOf(int peer) const { return fdOf(peer); }
   size_t sendSome(int peer, const void* data, size_t bytes, Deadline connectBy = Deadline::max());
   size_t recvSome(int peer, void* data, size_t bytes);
+  // On demand: connects to `peer` now if the pair is not connected (by `connectBy`), as a first
+  // send would; the same errors (kPeerClosed when its listener keeps refusing: the peer is gone).
+  void connectNow(int peer, Deadline connectBy) { ensureConnected(peer, connectBy); }
 
  private:
   TcpTransport(int rank, int size, bool checkFingerprints);
