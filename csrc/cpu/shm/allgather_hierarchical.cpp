@@ -29,14 +29,14 @@ void allgatherAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const
                           uint64_t refusedSeq) {
   const Fingerprint local = segmentPartOf(fingerprint);
   const size_t block = args.count * args.elementSize;
-  const size_t slot = static_cast<size_t>(hosts.maxRanksPerHost()) * block;
+  const size_t slot = hosts.slotBytes(block);
   const size_t slots = static_cast<size_t>(hosts.hosts());
   const bool inPlace = hosts.hostMajorIsRankOrder();  // 0,1 | 2,3: the slots are `data` itself
   char* staged = inPlace ? args.data : hosts.staging(slots * slot);
   char* mySlot = staged + static_cast<size_t>(hosts.myHost()) * slot;
   const int rank = hosts.rank();
   if (block > 0 && !inPlace) {
-    std::memcpy(mySlot + static_cast<size_t>(hosts.indexOnHost(rank)) * block, args.data + static_cast<size_t>(rank) * block, block);
+    std::memcpy(staged + hosts.stagedOffset(rank, block), args.data + static_cast<size_t>(rank) * block, block);
   }
   ShmGroup* group = hosts.local();
   if (group != nullptr) {
@@ -64,7 +64,7 @@ void allgatherAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const
   const int size = hosts.groupSize();
   for (int owner = 0; owner < size; ++owner) {
     if (owner == rank) continue;
-    const size_t at = static_cast<size_t>(hosts.hostOf(owner)) * slot + static_cast<size_t>(hosts.indexOnHost(owner)) * block;
+    const size_t at = hosts.stagedOffset(owner, block);
     std::memcpy(args.data + static_cast<size_t>(owner) * block, staged + at, block);
   }
 }

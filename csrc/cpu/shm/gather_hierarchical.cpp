@@ -31,7 +31,7 @@ void gatherAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& 
   const Fingerprint local = segmentPartOf(fingerprint);
   const int rank = hosts.rank();
   const size_t block = args.sendSpans.at(static_cast<size_t>(args.root)).bytes;
-  const size_t slot = static_cast<size_t>(hosts.maxRanksPerHost()) * block;
+  const size_t slot = hosts.slotBytes(block);
   const size_t slots = static_cast<size_t>(hosts.hosts());
   const int rootHost = hosts.hostOf(args.root);
   const bool isRoot = rank == args.root;
@@ -39,7 +39,7 @@ void gatherAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& 
   char* staged = inPlace ? args.recvData : hosts.staging(slots * slot);
   char* mySlot = staged + static_cast<size_t>(hosts.myHost()) * slot;
   if (block > 0) {
-    std::memcpy(mySlot + static_cast<size_t>(hosts.indexOnHost(rank)) * block,
+    std::memcpy(staged + hosts.stagedOffset(rank, block),
                 args.sendData + args.sendSpans[static_cast<size_t>(args.root)].offset, block);
   }
   // The segment's steps move bytes: elementSize 1.
@@ -70,7 +70,7 @@ void gatherAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& 
   if (group != nullptr) group->endCollective();  // open from the first local step (collectiveOpen)
   if (!isRoot || inPlace || block == 0) return;
   for (int owner = 0; owner < hosts.groupSize(); ++owner) {
-    const size_t at = static_cast<size_t>(hosts.hostOf(owner)) * slot + static_cast<size_t>(hosts.indexOnHost(owner)) * block;
+    const size_t at = hosts.stagedOffset(owner, block);
     std::memcpy(args.recvData + args.recvSpans[static_cast<size_t>(owner)].offset, staged + at, block);
   }
 }

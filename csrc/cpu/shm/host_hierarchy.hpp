@@ -61,6 +61,13 @@ class HostHierarchy {
   // they go flat over TCP: on this 2-core VM the flat path measured 1.3-2.6x faster at 4 and 8
   // namespace hosts x 2 ranks (docs/scale.md), since the hierarchy adds a sync in each segment.
   bool exchangesThroughLeaders() const { return exchangesThroughLeaders_; }
+  // The host-major staging of P blocks of `block` bytes (all_gather, reduce_scatter, gather,
+  // scatter): one slot of maxRanksPerHost() blocks per host. The bytes of a slot, and where
+  // `rank`'s block sits among all the slots.
+  size_t slotBytes(size_t block) const { return static_cast<size_t>(maxRanksPerHost_) * block; }
+  size_t stagedOffset(int rank, size_t block) const {
+    return static_cast<size_t>(hostOf(rank)) * slotBytes(block) + static_cast<size_t>(indexOnHost(rank)) * block;
+  }
   // A buffer of at least `bytes` for a hierarchical collective's host-major copy of its data
   // (all_gather, reduce_scatter): apart from AlgorithmArgs::scratch, which the leaders' TCP
   // algorithm uses meanwhile. Valid until the next call; grows, never shrinks.

@@ -37,7 +37,7 @@ void reduceScatterAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, c
   char* staged = inPlace ? args.data : hosts.staging(slots * slot);
   const int size = hosts.groupSize();
   for (int owner = 0; owner < size && block > 0 && !inPlace; ++owner) {
-    const size_t at = static_cast<size_t>(hosts.hostOf(owner)) * slot + static_cast<size_t>(hosts.indexOnHost(owner)) * block;
+    const size_t at = hosts.stagedOffset(owner, block);
     std::memcpy(staged + at, args.data + static_cast<size_t>(owner) * block, block);
   }
   for (size_t host = 0; host < slots && block > 0 && !inPlace; ++host) {  // the unused blocks: reduced, never read
@@ -71,7 +71,7 @@ void reduceScatterAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, c
   }
   const int rank = hosts.rank();
   if (block > 0 && !inPlace) {
-    std::memcpy(args.data + static_cast<size_t>(rank) * block, mySlot + static_cast<size_t>(hosts.indexOnHost(rank)) * block, block);
+    std::memcpy(args.data + static_cast<size_t>(rank) * block, staged + hosts.stagedOffset(rank, block), block);
   }
 }
 

@@ -29,7 +29,7 @@ void scatterAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch&
   const Fingerprint local = segmentPartOf(fingerprint);
   const int rank = hosts.rank();
   const size_t block = args.recvSpans.at(static_cast<size_t>(args.root)).bytes;
-  const size_t slot = static_cast<size_t>(hosts.maxRanksPerHost()) * block;
+  const size_t slot = hosts.slotBytes(block);
   const size_t slots = static_cast<size_t>(hosts.hosts());
   const int rootHost = hosts.hostOf(args.root);
   const bool onRootHost = hosts.myHost() == rootHost;
@@ -42,7 +42,7 @@ void scatterAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch&
   char* mySlot = staged + static_cast<size_t>(hosts.myHost()) * slot;
   if (isRoot && !inPlace && block > 0) {
     for (int owner = 0; owner < hosts.groupSize(); ++owner) {
-      const size_t at = static_cast<size_t>(hosts.hostOf(owner)) * slot + static_cast<size_t>(hosts.indexOnHost(owner)) * block;
+      const size_t at = hosts.stagedOffset(owner, block);
       std::memcpy(staged + at, args.sendData + args.sendSpans[static_cast<size_t>(owner)].offset, block);
     }
   }
@@ -74,7 +74,7 @@ void scatterAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch&
   if (group != nullptr) group->endCollective();  // open from the first local step (collectiveOpen)
   if (block > 0) {
     std::memcpy(args.recvData + args.recvSpans[static_cast<size_t>(args.root)].offset,
-                mySlot + static_cast<size_t>(hosts.indexOnHost(rank)) * block, block);
+                staged + hosts.stagedOffset(rank, block), block);
   }
 }
 
