@@ -129,7 +129,7 @@ def many_ranks_round(rank, world_size, counts, dtypes, p2p_sizes):
     import shm_workers
     import torch_ddp_lite
 
-    outcome = {"path": torch_ddp_lite.cpu_path()[0]}
+    outcome = {"path": torch_ddp_lite.cpu_path()[0], "why": torch_ddp_lite.cpu_path()[1]}
     for name in ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "broadcast", "allgather",
                  "gather_scatter", "alltoall"):
         result = sweeps.SWEEPS[name](rank, world_size, counts, dtypes)

@@ -224,3 +224,29 @@ def killed_while_peer_receives(rank, world_size):
         return {"type": None}
     except Exception as error:  # noqa: BLE001
         return {"type": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}
+
+
+def one_rank_differs(rank, world_size, odd_rank, kind):
+    """`odd_rank` runs another all_reduce than the others (more elements, or another dtype): every
+    rank must raise, naming a peer whose collective differs from its own."""
+    outcome = {}
+    count, dtype = 8, torch.float32
+    if rank == odd_rank:
+        count, dtype = (16, dtype) if kind == "sizes" else (count, torch.int32)
+    tensor = torch.ones(count, dtype=dtype)
+    try:
+        dist.all_reduce(tensor)
+        outcome["value"] = tensor.tolist()
+    except Exception as error:  # noqa: BLE001
+        outcome["raised"] = type(error).__name__
+        outcome["message"] = str(error)
+    return outcome
+
+
+def sync_description(rank, world_size):
+    """cpu_path()'s reason for the default group, after a checked all_reduce."""
+    import torch_ddp_lite
+
+    tensor = torch.full((5,), float(rank + 1))
+    dist.all_reduce(tensor)
+    return {"path": torch_ddp_lite.cpu_path(), "sum": tensor.tolist()}

@@ -214,11 +214,13 @@ def test_the_default_is_shared_memory_and_says_why(world_size):
     results = run_ranks(shm_workers.cpu_paths, world_size)
     for rank, paths in enumerate(results):
         expected = ("tcp", "a group of one rank exchanges nothing") if world_size == 1 else \
-            ("shm", f"DDPLITE_CPU_TRANSPORT=auto, and all {world_size} ranks share this host")
+            ("shm", f"DDPLITE_CPU_TRANSPORT=auto, and all {world_size} ranks share this host; steps synchronise "
+                    "through flat waits (each rank reads every peer's flag at every step)")
         assert paths["world"] == expected, paths
         assert paths["sum"] == [float(world_size)] * 3
         if world_size > 1 and rank < 2:
-            assert paths["pair"] == ("shm", "DDPLITE_CPU_TRANSPORT=auto, and all 2 ranks share this host")
+            assert paths["pair"] == ("shm", "DDPLITE_CPU_TRANSPORT=auto, and all 2 ranks share this host; steps "
+                                            "synchronise through flat waits (each rank reads every peer's flag at every step)")
             assert paths["pair_sum"] == [float(world_size) * 2] * 3
         assert "not ddplite" in paths["gloo"], paths
 
@@ -233,6 +235,8 @@ SETTINGS_THAT_DIFFER = {
                   "DDPLITE_CPU_TRANSPORT='auto' here, 'tcp' on rank 1"),
     "chunk": ({"DDPLITE_SHM_CHUNK_BYTES": "8192"}, "DDPLITE_SHM_CHUNK_BYTES='8192' here, '524288' on rank 0",
               "DDPLITE_SHM_CHUNK_BYTES='524288' here, '8192' on rank 1"),
+    "sync": ({"DDPLITE_SHM_SYNC": "tree"}, "DDPLITE_SHM_SYNC='tree' here, 'auto' on rank 0",
+             "DDPLITE_SHM_SYNC='auto' here, 'tree' on rank 1"),
     "fingerprint": ({"DDPLITE_FINGERPRINT": "0"}, "DDPLITE_FINGERPRINT='0' here, '1' on rank 0",
                     "DDPLITE_FINGERPRINT='1' here, '0' on rank 1"),
 }

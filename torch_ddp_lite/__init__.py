@@ -145,7 +145,8 @@ def cpu_path(group=None):
     when ``group`` is None): path is ``"shm"``, ``"tcp"``, ``"mpi"`` or ``"hierarchical"`` (a group
     across hosts: all_reduce through shared memory inside each host, TCP between them); reason
     says why, e.g.
-    ``"DDPLITE_CPU_TRANSPORT=auto, and all 2 ranks share this host"``. Raises ValueError for a
+    ``"DDPLITE_CPU_TRANSPORT=auto, and all 2 ranks share this host; steps synchronise through flat
+    waits (...)"``. Raises ValueError for a
     group whose CPU backend is not ddplite."""
     return tuple(_call_on_cpu_backend(group, lambda extension, backend: extension.group_cpu_path(backend)))
 

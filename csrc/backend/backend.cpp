@@ -317,7 +317,8 @@ void DdpliteBackend::connectSharedMemory() {
     }
     return;
   }
-  cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=", requested, ", and all ", size_, " ranks share this host");
+  cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=", requested, ", and all ", size_,
+                       " ranks share this host; steps synchronise through ", shm_->syncDescription());
   DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives through shared memory (", shm_->segmentName(),
               ", unlinked; ", cpuPathWhy_, ")");
 }
@@ -338,6 +339,9 @@ void DdpliteBackend::connectHostHierarchy(const std::string& spansHosts) {
                        "reduce, all_gather, ", exchanges ? "reduce_scatter, gather, scatter" : "reduce_scatter",
                        " and barrier within each host through shared memory and across hosts over TCP among one "
                        "leader per host; ", exchanges ? "all_to_all" : "gather, scatter and all_to_all", " over TCP");
+  if (hosts_->local() != nullptr) {
+    cpuPathWhy_ += strCat("; steps in this host's segment synchronise through ", hosts_->local()->syncDescription());
+  }
   DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": ", cpuPathWhy_);
 }
 

@@ -32,6 +32,8 @@ constexpr const char* kShmChunkBytes = "DDPLITE_SHM_CHUNK_BYTES";
 constexpr const char* kShmInlineBytes = "DDPLITE_SHM_INLINE_BYTES";
 constexpr const char* kCpuKernels = "DDPLITE_CPU_KERNELS";
 constexpr const char* kConnect = "DDPLITE_CONNECT";
+constexpr const char* kShmSync = "DDPLITE_SHM_SYNC";
+constexpr const char* kShmTreeFanIn = "DDPLITE_SHM_TREE_FANIN";
 constexpr const char* kAuth = "DDPLITE_AUTH";
 constexpr const char* kAuthKeyFile = "DDPLITE_AUTH_KEY_FILE";
 constexpr const char* kTraceBufferSize = "DDPLITE_TRACE_BUFFER_SIZE";
@@ -62,6 +64,12 @@ const std::initializer_list<const char*> kConnectModes = {"auto", "on_demand", "
 // DDPLITE_CONNECT=auto connects every pair at init up to this many ranks (a network problem shows in
 // init_process_group), on demand above (set-up and descriptors that do not grow with the group).
 constexpr int kConnectAtInitUpTo = 16;
+const std::initializer_list<const char*> kShmSyncModes = {"auto", "flat", "tree"};
+// DDPLITE_SHM_SYNC=auto: every rank reads every peer's flag up to this many ranks on a host, an
+// arrival tree above (docs/scale.md, "Arrival trees in shared memory").
+constexpr int kShmFlatSyncUpTo = 16;
+constexpr int64_t kDefaultShmTreeFanIn = 8;
+constexpr int64_t kMaximumShmTreeFanIn = 64;
 const std::initializer_list<const char*> kSwitch = {"1", "0"};
 const std::initializer_list<const char*> kOffSwitch = {"0", "1"};
 
@@ -159,6 +167,15 @@ const std::vector<Knob>& allKnobs() {
               "use, and set-up reads no peer's address), 'at_init' (every pair at init_process_group, so a "
               "network problem shows there) or 'auto' (at init up to ", kConnectAtInitUpTo,
               " ranks, on demand above). Same on every rank. Read when a group is created")},
+      {kShmSync, *kShmSyncModes.begin(),
+       strCat("How the ranks of a shared-memory group learn that all of them reached a step: 'flat' (each rank "
+              "reads every peer's flag: P reads per rank and step), 'tree' (an arrival tree: each rank adds "
+              "itself to one counter and reads one word; the last to arrive carries the count up and wakes "
+              "everyone) or 'auto' (flat up to ", kShmFlatSyncUpTo,
+              " ranks on a host, tree above). Same on every rank. Read when a group is created")},
+      {kShmTreeFanIn, std::to_string(kDefaultShmTreeFanIn),
+       strCat("Arrivals per counter of the shared-memory arrival tree (DDPLITE_SHM_SYNC; 2 to ",
+              kMaximumShmTreeFanIn, "). Same on every rank")},
       {kAuth, *kSwitch.begin(),
        "1: every TCP connection between ranks (collectives' and send/recv meshes) is authenticated at set-up by "
        "an HMAC-SHA256 challenge-response keyed by a secret rank 0 shares through the store; a connection that "
@@ -203,6 +220,8 @@ void validateAll() {
   readChoice(kFingerprint, kSwitch);
   readChoice(kAuth, kSwitch);
   readChoice(kConnect, kConnectModes);
+  readChoice(kShmSync, kShmSyncModes);
+  readBytes(kShmTreeFanIn, kDefaultShmTreeFanIn, 2, kMaximumShmTreeFanIn, "arrivals");
   readChoice(kCudaStaging, kStagings);
   traceBufferSize();
   readChoice(kTraceStacks, kOffSwitch);
@@ -285,6 +304,8 @@ std::vector<std::pair<std::string, std::string>> groupWideSettings() {
       {kFingerprint, fingerprintChecks() ? "1" : "0"},
       {kAuth, authenticateConnections() ? "1" : "0"},
       {kConnect, *(kConnectModes.begin() + readChoice(kConnect, kConnectModes))},
+      {kShmSync, *(kShmSyncModes.begin() + readChoice(kShmSync, kShmSyncModes))},
+      {kShmTreeFanIn, std::to_string(readBytes(kShmTreeFanIn, kDefaultShmTreeFanIn, 2, kMaximumShmTreeFanIn, "arrivals"))},
       {kCudaStaging, *(kStagings.begin() + readChoice(kCudaStaging, kStagings))},
   };
 }
@@ -339,6 +360,12 @@ bool connectOnDemand(int groupSize) {
     case 2: return false;
     default: return groupSize > kConnectAtInitUpTo;
   }
+}
+
+int shmTreeFanIn(int hostRanks) {
+  const int mode = readChoice(kShmSync, kShmSyncModes);
+  if (mode == 1 || (mode == 0 && hostRanks <= kShmFlatSyncUpTo)) return 0;
+  return static_cast<int>(readBytes(kShmTreeFanIn, kDefaultShmTreeFanIn, 2, kMaximumShmTreeFanIn, "arrivals"));
 }
 
 CudaStaging cudaStaging() {

@@ -81,6 +81,12 @@ bool authenticateConnections();
 // or every pair at set-up (false). Read each time (a group reads it when it is created).
 bool connectOnDemand(int groupSize);
 
+// DDPLITE_SHM_SYNC and DDPLITE_SHM_TREE_FANIN: the fan-in of the arrival tree a shared-memory
+// group of `hostRanks` ranks synchronises through (cpu/shm/arrival_tree.hpp), 0 for flat (every
+// rank reads every flag). Read each time (a group reads it when it is created); throws
+// std::invalid_argument naming the knob for a bad value.
+int shmTreeFanIn(int hostRanks);
+
 // DDPLITE_AUTH_KEY_FILE: the path of the connection key (cpu/transport/auth.hpp); "" when unset.
 std::string authKeyFile();
 

@@ -31,7 +31,8 @@ def common_options():
                              "with DDPLITE_CPU_TRANSPORT=mpi (MPI's collectives; launch with mpirun); "
                              "ddplite-unchecked is ddplite with DDPLITE_FINGERPRINT=0 (to measure the check); "
                              "ddplite-generic is ddplite with DDPLITE_CPU_KERNELS=generic (baseline reduction kernels); "
-                             "ddplite-shm is ddplite with DDPLITE_CPU_TRANSPORT=shm (shared memory); memcpy is the "
+                             "ddplite-shm is ddplite with DDPLITE_CPU_TRANSPORT=shm (shared memory); ddplite-flat "
+                             "and ddplite-tree pin DDPLITE_SHM_SYNC (how shared-memory steps synchronise); memcpy is the "
                              "reference: every rank copies the same bytes between two of its own buffers at once "
                              "(algbw = busbw = bytes / time)")
     parser.add_argument("--world-size", type=int, default=2,
@@ -103,7 +104,8 @@ def known_backends(device):
 
     import torch_ddp_lite
 
-    known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-shm", "ddplite-unchecked", "ddplite-generic", MEMCPY]
+    known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-shm", "ddplite-unchecked", "ddplite-generic", "ddplite-flat",
+             "ddplite-tree", MEMCPY]
     if torch_ddp_lite.build_info()["mpi"]:
         known.append("ddplite-mpi")
     if dist.is_mpi_available():

@@ -107,13 +107,17 @@ def _share_cores(world_size):
 # Columns that are ddplite with other settings: {column: (torch backend, DDPLITE_* variables read
 # when the column's group is created)}. "ddplite-mpi" is MPI's own collectives and needs the ranks
 # launched by mpirun; "ddplite-unchecked" has the wire fingerprint off (its cost, docs/reliability.md);
-# "ddplite-generic" reduces with the x86-64 baseline kernels instead of the widest set the CPU runs.
+# "ddplite-generic" reduces with the x86-64 baseline kernels instead of the widest set the CPU runs;
+# "ddplite-flat" and "ddplite-tree" pin how the shared-memory steps synchronise (docs/scale.md).
 BACKEND_VARIANTS = {
     "ddplite-mpi": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "mpi"}),
     "ddplite-tcp": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "tcp"}),
     "ddplite-shm": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "shm"}),
     "ddplite-unchecked": ("ddplite", {"DDPLITE_FINGERPRINT": "0"}),
     "ddplite-generic": ("ddplite", {"DDPLITE_CPU_KERNELS": "generic"}),
+    # how the shared-memory steps synchronise (DDPLITE_SHM_SYNC), whatever the group's size
+    "ddplite-flat": ("ddplite", {"DDPLITE_SHM_SYNC": "flat"}),
+    "ddplite-tree": ("ddplite", {"DDPLITE_SHM_SYNC": "tree"}),
 }
 
 

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <iterator>
 #include <new>
+#include <type_traits>
 
 namespace ddplite::cpu {
 
@@ -73,20 +74,40 @@ struct alignas(kAlignment) ShmGroup::RankControl {
 // the flag, finds sleepers and sees every rank at its step (publish), and by abort() and
 // breakGroup(). So a step wakes each waiter once, when the last rank arrives, instead of once per
 // peer it waited for in turn: with more ranks than cores that was P wake-ups per rank per step.
+// With an arrival tree (see the header), also the step the whole group reached for that flag
+// (`treeReached`: stored seq_cst by the rank that completes the root, loaded seq_cst or acquire by
+// waiters), and, in the `posted` line only, the first fingerprint disagreement a completer found
+// (`treeMismatch`: (a+1) << 32 | (b+1) for ranks a and b, compare-exchanged seq_cst before the root
+// is released; 0: none) and whether any rank broke the group (`anyBroken`: stored seq_cst by
+// breakGroup() before its wakes; lets a tree wait skip reading every rank's `broken`).
 struct alignas(kAlignment) ShmGroup::GroupWake {
   std::atomic<uint32_t> sleepers;
   std::atomic<uint32_t> release;
+  std::atomic<uint32_t> treeReached;
+  std::atomic<uint32_t> anyBroken;
+  std::atomic<uint64_t> treeMismatch;
+};
+
+// One counter of the arrival tree per step parity, on a cache line of its own (the members of one
+// node share it). Zero-filled at creation; reset to 0 by the arrival that completes the node.
+struct alignas(kAlignment) ShmGroup::TreeNode {
+  std::atomic<uint32_t> arrivals[2];
 };
 
 size_t ShmGroup::groupWakeBytes() {
   return roundUp(sizeof(GroupWake) * kFlagKinds, kAlignment);
 }
 
+size_t ShmGroup::treeBytes(const ArrivalTree& tree) {
+  return sizeof(TreeNode) * static_cast<size_t>(tree.nodeCount()) * 2;  // posted and consumed
+}
+
 std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
                                            size_t chunkBytes, std::string* whyNot, bool* spansHosts,
                                            std::vector<int> processGroupRanks) {
   chunkBytes = roundUp(chunkBytes, kAlignment);
-  const size_t bytes = groupWakeBytes() + roundUp(sizeof(RankControl) * size, kAlignment) + 2 * chunkBytes * size;
+  ArrivalTree tree(size, env::shmTreeFanIn(size));
+  const size_t bytes = groupWakeBytes() + treeBytes(tree) + roundUp(sizeof(RankControl) * size, kAlignment) + 2 * chunkBytes * size;
   if (chunkBytes > kMaxChunkBytes) {  // env.cpp caps the knob; this keeps the size arithmetic exact
     *whyNot = strCat("a chunk of ", chunkBytes, " bytes is over the ", kMaxChunkBytes, "-byte limit");
     return nullptr;
@@ -97,13 +118,18 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
     *spansHosts = outcome.spansHosts;
     return nullptr;
   }
-  std::unique_ptr<ShmGroup> group(new ShmGroup(std::move(outcome.segment), liveness, rank, size, chunkBytes));
+  std::unique_ptr<ShmGroup> group(
+      new ShmGroup(std::move(outcome.segment), liveness, rank, size, chunkBytes, std::move(tree)));
   group->processGroupRanks_ = std::move(processGroupRanks);
   RankControl& mine = group->control(rank);
   mine.process = ProcessIdentity::ofThisProcess();
   const env::TestHooks hooks = env::testHooks();
   group->step_ = hooks.shmFirstStep;  // every flag "at" the step before the first
   for (auto& word : mine.flags) word.store(hooks.shmFirstStep, std::memory_order_relaxed);
+  // Every rank stores the same value; nobody reads it before the barrier below.
+  for (Flag which : {Flag::kPosted, Flag::kConsumed}) {
+    group->groupWake(which).treeReached.store(hooks.shmFirstStep, std::memory_order_relaxed);
+  }
   if (hooks.shmFaultRank == rank) group->faultSeq_ = hooks.shmFaultSeq;
   // Every rank's process identity and first flags are visible to the others after this store
   // round trip (plain fields written before it, read only after it).
@@ -111,12 +137,15 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
   return group;
 }
 
-ShmGroup::ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int rank, int size, size_t chunkBytes)
+ShmGroup::ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int rank, int size, size_t chunkBytes,
+                   ArrivalTree tree)
     : segment_(std::move(segment)),
       liveness_(liveness),
       rank_(rank),
       size_(size),
       chunkBytes_(chunkBytes),
+      tree_(std::move(tree)),
+      controlsOffset_(groupWakeBytes() + treeBytes(tree_)),
       spin_(size <= usableCpus() ? kSpin : std::chrono::microseconds(0)) {
   static_assert(sizeof(RankControl) == 4 * kAlignment, "a control block is four cache lines (docs/shared-memory.md)");
 }
@@ -124,11 +153,22 @@ ShmGroup::ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int
 ShmGroup::~ShmGroup() = default;
 
 ShmGroup::RankControl& ShmGroup::control(int owner) const {
-  return reinterpret_cast<RankControl*>(segment_->base() + groupWakeBytes())[owner];
+  return reinterpret_cast<RankControl*>(segment_->base() + controlsOffset_)[owner];
 }
 
 ShmGroup::GroupWake& ShmGroup::groupWake(Flag which) const {
   return reinterpret_cast<GroupWake*>(segment_->base())[static_cast<int>(which)];
+}
+
+ShmGroup::TreeNode& ShmGroup::treeNode(Flag which, int node) const {
+  const int kind = which == Flag::kPosted ? 0 : 1;
+  return reinterpret_cast<TreeNode*>(segment_->base() + groupWakeBytes())[kind * tree_.nodeCount() + node];
+}
+
+std::string ShmGroup::syncDescription() const {
+  if (!tree_.enabled()) return "flat waits (each rank reads every peer's flag at every step)";
+  return strCat("an arrival tree (fan-in ", tree_.fanIn(), ", ", tree_.levels(), tree_.levels() == 1 ? " level" : " levels",
+                ")");
 }
 
 std::atomic<uint32_t>& ShmGroup::flag(int owner, Flag which) const {
@@ -136,7 +176,7 @@ std::atomic<uint32_t>& ShmGroup::flag(int owner, Flag which) const {
 }
 
 char* ShmGroup::buffer(int owner, uint32_t step) const {
-  const size_t controls = groupWakeBytes() + roundUp(sizeof(RankControl) * size_, kAlignment);
+  const size_t controls = controlsOffset_ + roundUp(sizeof(RankControl) * size_, kAlignment);
   return segment_->base() + controls + (static_cast<size_t>(owner) * 2 + (step & 1)) * chunkBytes_;
 }
 
@@ -160,6 +200,10 @@ void ShmGroup::publish(Flag which, uint32_t step) {
   RankControl& mine = control(rank_);
   mine.flags[static_cast<int>(which)].store(step, std::memory_order_seq_cst);
   if (mine.sleepers.load(std::memory_order_seq_cst) > 0) wake(mine);
+  if (treeSync(which)) {
+    arrive(which, step);
+    return;
+  }
   // The store above, then `sleepers`, then every rank's flag, all seq_cst: of the ranks that
   // store this step after a waiter counted itself, the last one in that order sees every flag at
   // the step and the waiter's count, so it bumps `release` after the waiter's ticket (waitForAll).
@@ -167,6 +211,49 @@ void ShmGroup::publish(Flag which, uint32_t step) {
   if (group.sleepers.load(std::memory_order_seq_cst) > 0 && everyRankReached(which, step)) {
     group.release.fetch_add(1, std::memory_order_seq_cst);
     futexWakeAll(&group.release);
+  }
+}
+
+void ShmGroup::arrive(Flag which, uint32_t step) {
+  int member = rank_;
+  for (int level = 0; level < tree_.levels(); ++level) {
+    std::atomic<uint32_t>& count = treeNode(which, tree_.nodeOf(level, member)).arrivals[step & 1];
+    // acq_rel: releases this rank's data, flag and header (and, for a completer, every arrival it
+    // acquired below); the completing arrival acquires all of the node's, through the release
+    // sequence of the counter's read-modify-writes.
+    const uint32_t before = count.fetch_add(1, std::memory_order_acq_rel);
+    if (before + 1 < static_cast<uint32_t>(tree_.membersOf(level, member))) return;
+    // Relaxed: the next arrival at this counter (step + 2) happens-after the tree wait that this
+    // completion leads to (see the header).
+    count.store(0, std::memory_order_relaxed);
+    if (which == Flag::kPosted) compareMembers(level, member, step);
+    member = tree_.parentMember(member);
+  }
+  GroupWake& group = groupWake(which);
+  // seq_cst, then `sleepers`: the waiter's protocol in waitForTree (as publish's for flat waits).
+  group.treeReached.store(step, std::memory_order_seq_cst);
+  if (group.sleepers.load(std::memory_order_seq_cst) > 0) {
+    group.release.fetch_add(1, std::memory_order_seq_cst);
+    futexWakeAll(&group.release);
+  }
+}
+
+static_assert(std::has_unique_object_representations_v<WireHeader>, "headers are compared with memcmp");
+
+void ShmGroup::compareMembers(int level, int member, uint32_t step) {
+  const int first = tree_.firstMemberOf(member);
+  const int members = tree_.membersOf(level, member);
+  const int reference = tree_.representative(level, first);
+  // Stable: a member writes the header of this parity again only at step + 2, after every rank,
+  // this one included, consumed `step`.
+  const WireHeader& expected = control(reference).headers[step & 1];
+  for (int other = first + 1; other < first + members; ++other) {
+    const int rank = tree_.representative(level, other);
+    if (std::memcmp(&control(rank).headers[step & 1], &expected, sizeof(WireHeader)) == 0) continue;
+    uint64_t none = 0;
+    const uint64_t pair = (static_cast<uint64_t>(reference + 1) << 32) | static_cast<uint64_t>(rank + 1);
+    groupWake(Flag::kPosted).treeMismatch.compare_exchange_strong(none, pair, std::memory_order_seq_cst);
+    return;
   }
 }
 
@@ -213,6 +300,10 @@ void ShmGroup::waitPosted(int peer, uint32_t step, uint64_t stepBytes, Deadline 
 
 void ShmGroup::waitAllPosted(uint32_t step, uint64_t stepBytes, Deadline deadline) {
   waitForAll(Flag::kPosted, step, deadline);
+  if (treeSync(Flag::kPosted)) {
+    checkTreeAgreement(step, stepBytes, deadline);
+    return;
+  }
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_) waitPosted(peer, step, stepBytes, deadline);  // reached: checks the header only
   }
@@ -223,7 +314,11 @@ void ShmGroup::checkAllPostedLater(uint32_t step, uint64_t stepBytes) {
   // of this rank and a late peer, at least one sees the other's post (no store buffering), so a
   // disagreement raises on one side at once.
   bool allPosted = true;
-  for (int peer = 0; peer < size_ && allPosted; ++peer) {
+  if (treeSync(Flag::kPosted)) {
+    // Deferring is always safe: the completer recorded any disagreement for the later check.
+    allPosted = reached(groupWake(Flag::kPosted).treeReached.load(std::memory_order_seq_cst), step);
+  }
+  for (int peer = 0; peer < size_ && allPosted && !treeSync(Flag::kPosted); ++peer) {
     allPosted = peer == rank_ || reached(flag(peer, Flag::kPosted).load(std::memory_order_seq_cst), step);
   }
   if (allPosted) {  // the root came last: check now, nothing to wait for
@@ -260,6 +355,14 @@ void ShmGroup::waitAllReduced(uint32_t step, Deadline deadline) {
 }
 
 void ShmGroup::waitForAll(Flag which, uint32_t target, Deadline deadline) {
+  if (treeSync(which)) {
+    waitForTree(which, target, deadline);
+    if (refusedSeq_ == 0) return;
+    for (int peer = 0; peer < size_; ++peer) {  // right after a refusal only
+      if (peer != rank_) checkNotRefusedOverTcp(peer);
+    }
+    return;
+  }
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     waitUntilReached(peer, which, target, deadline, &groupWake(which));
@@ -270,6 +373,87 @@ void ShmGroup::waitForAll(Flag which, uint32_t target, Deadline deadline) {
 void ShmGroup::waitFor(int peer, Flag which, uint32_t target, Deadline deadline) {
   waitUntilReached(peer, which, target, deadline, nullptr);
   checkNotRefusedOverTcp(peer);
+}
+
+void ShmGroup::waitForTree(Flag which, uint32_t target, Deadline deadline) {
+  GroupWake& group = groupWake(which);
+  // seq_cst on the first look: see checkAllPostedLater; acquire while spinning (pairs with the
+  // root completer's store).
+  if (reached(group.treeReached.load(std::memory_order_seq_cst), target)) return;
+  const auto spinUntil = Clock::now() + spin_;
+  for (unsigned i = 1;; ++i) {
+    cpuRelax();
+    if (reached(group.treeReached.load(std::memory_order_acquire), target)) return;
+    if (i % 64 == 0 && Clock::now() >= spinUntil) break;
+  }
+  // Who is missing is looked up only on this slow path, after a first slice: a wait that ends
+  // with the step's last arrival reads no peer's flag.
+  auto nextLook = Clock::now() + kSleepSlice;
+  while (true) {
+    const auto now = Clock::now();
+    if (now >= deadline) throwTreeTimeout(which, target);
+    if (now >= nextLook) {
+      lookAtMissingPeers(which, target);
+      nextLook = now + kLivenessInterval;
+    }
+    // waitUntilReached's sleep protocol on the group's word: announce, take a ticket, look.
+    group.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t ticket = group.release.load(std::memory_order_seq_cst);
+    const bool stop = aborted_.load(std::memory_order_seq_cst) ||
+                      groupWake(Flag::kPosted).anyBroken.load(std::memory_order_seq_cst) != 0;
+    if (!stop && !reached(group.treeReached.load(std::memory_order_seq_cst), target)) {
+      futexWait(&group.release, ticket, std::min<std::chrono::nanoseconds>(kSleepSlice, deadline - now));
+    }
+    group.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(group.treeReached.load(std::memory_order_acquire), target)) return;
+    if (stop) throwIfStopped(std::max(firstMissing(which, target), 0));
+  }
+}
+
+void ShmGroup::checkTreeAgreement(uint32_t step, uint64_t stepBytes, Deadline deadline) {
+  // Acquire: the completer's compare-exchange precedes its release of the root, which this rank's
+  // wait acquired.
+  const uint64_t record = groupWake(Flag::kPosted).treeMismatch.load(std::memory_order_acquire);
+  if (record == 0) return;  // every rank posted the same header as this one
+  // The two recorded ranks disagree, so this rank disagrees with at least one: waitPosted names it.
+  for (const int peer : {static_cast<int>(record >> 32) - 1, static_cast<int>(record & 0xffffffffu) - 1}) {
+    if (peer != rank_) waitPosted(peer, step, stepBytes, deadline);
+  }
+}
+
+int ShmGroup::firstMissing(Flag which, uint32_t target) const {
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_ && !reached(flag(peer, which).load(std::memory_order_acquire), target)) return peer;
+  }
+  return -1;
+}
+
+void ShmGroup::lookAtMissingPeers(Flag which, uint32_t target) const {
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_ || reached(flag(peer, which).load(std::memory_order_acquire), target)) continue;
+    throwIfPeerGone(peer, which, target);
+    checkPeerStayedOnPath(peer, which, target);
+  }
+}
+
+void ShmGroup::throwIfPeerGone(int peer, Flag which, uint32_t target) const {
+  // a peer may publish its last flag and then exit: look at the flag once more first
+  const bool hungUp = liveness_.peerHungUp(peer);
+  if ((hungUp || peerProcessEnded(peer)) && !reached(flag(peer, which).load(std::memory_order_acquire), target)) {
+    throw TransportError(TransportError::Kind::kPeerClosed, peer,
+                         strCat(describePeer(peer), hungUp ? " closed the connection" : "'s process ended",
+                                " while this rank waited for it to ", flagVerb(static_cast<int>(which)), " step ",
+                                target, " in shared memory; that rank probably exited or crashed"));
+  }
+}
+
+void ShmGroup::throwTreeTimeout(Flag which, uint32_t target) const {
+  const int peer = firstMissing(which, target);
+  if (peer >= 0) throwTimeout(peer, which, target);
+  throw TransportError(TransportError::Kind::kTimeout, rank_,
+                       strCat("Timed out waiting for step ", target, " of ", current_.describe(),
+                              " to complete in shared memory: every rank stored its flag, but the last arrival "
+                              "never reached the top of the arrival tree (a rank that died in between?)"));
 }
 
 bool ShmGroup::peerProcessEnded(int peer) const {
@@ -302,14 +486,7 @@ void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline 
     const auto now = Clock::now();
     if (now >= deadline) throwTimeout(peer, which, target);
     if (now >= nextLivenessCheck) {
-      // a peer may publish its last flag and then exit: look at the flag once more first
-      const bool hungUp = liveness_.peerHungUp(peer);
-      if ((hungUp || peerProcessEnded(peer)) && !reached(word.load(std::memory_order_acquire), target)) {
-        throw TransportError(TransportError::Kind::kPeerClosed, peer,
-                             strCat(describePeer(peer), hungUp ? " closed the connection" : "'s process ended",
-                                    " while this rank waited for it to ", flagVerb(static_cast<int>(which)), " step ",
-                                    target, " in shared memory; that rank probably exited or crashed"));
-      }
+      throwIfPeerGone(peer, which, target);
       nextLivenessCheck = now + kLivenessInterval;
     }
     checkPeerStayedOnPath(peer, which, target);
@@ -434,6 +611,7 @@ void ShmGroup::abort() {
 
 void ShmGroup::breakGroup() {
   control(rank_).broken.store(1, std::memory_order_seq_cst);
+  groupWake(Flag::kPosted).anyBroken.store(1, std::memory_order_seq_cst);  // before the wakes below
   aborted_.store(true, std::memory_order_seq_cst);
   wakeEveryRank();  // even when this process had aborted already: the others must look now
 }

@@ -38,11 +38,27 @@
 // the group's word for that flag, which only the last rank to arrive bumps: one wake-up per
 // waiter per step, however many ranks share the cores (GroupWake in shm_group.cpp).
 //
+// Arrival tree (DDPLITE_SHM_SYNC; past 16 ranks by default): "every rank has posted / consumed
+// step s" is learnt from one word per flag kind (GroupWake::treeReached) instead of P-1 flags.
+// A rank stores its flag as above (per-peer waits and diagnostics still read it), then arrives
+// at the tree (arrival_tree.hpp): fetch_add (acq_rel) on its node's counter for the step's
+// parity; the arrival that completes a node resets that counter (relaxed) and arrives at the
+// parent; the one that completes the root stores treeReached = s (seq_cst) and, finding sleepers,
+// bumps the group's word. A completer also compares the fingerprints of its node's members (their
+// lowest ranks) and records the first disagreement (treeMismatch, compare-exchange), so every
+// rank raises the mismatch after the step without reading P headers. Waits for the whole group
+// return only on treeReached: a tree wait happens-after every arrival of the step, every reset
+// included, and no rank arrives for step s+2 at a counter of the same parity before such a wait
+// (beginStep waits for consumed s first), so a counter never mixes two steps. Only `posted` and
+// `consumed` use it (every rank marks them once per step); `reduced` stays flat. While a tree wait
+// sleeps, the peers whose flags are missing are looked at every 50 ms (liveness, path), as above.
+//
 // Threading: everything but abort() on the thread that runs the group's collectives: the worker
 // thread, or a caller running a small op itself (Worker::tryClaimIdle: never two at once, and the
 // worker's mutex orders one after the other); abort() from any thread.
 #pragma once
 
+#include "cpu/shm/arrival_tree.hpp"
 #include "cpu/shm/segment.hpp"
 #include "cpu/transport/transport.hpp"
 
@@ -73,6 +89,8 @@ class ShmGroup {
   int size() const { return size_; }
   size_t chunkBytes() const { return chunkBytes_; }
   const std::string& segmentName() const { return segment_->name(); }
+  // How the steps synchronise, for cpu_path(): "an arrival tree (fan-in 8, 2 levels)" or "flat: ...".
+  std::string syncDescription() const;
 
   // The collective the next steps belong to; its part is numbered like the TCP path's (a
   // coalesced op runs several collectives under one sequence number). `refusedSeq`: the op just
@@ -137,13 +155,35 @@ class ShmGroup {
  private:
   struct RankControl;
   struct GroupWake;
+  struct TreeNode;
   enum class Flag { kPosted, kReduced, kConsumed };
   static constexpr int kFlagKinds = 3;
   static size_t groupWakeBytes();  // the GroupWake lines at the start of the segment
   GroupWake& groupWake(Flag which) const;
 
-  ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int rank, int size, size_t chunkBytes);
+  ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int rank, int size, size_t chunkBytes,
+           ArrivalTree tree);
+  static size_t treeBytes(const ArrivalTree& tree);  // the tree's counters, after the GroupWake lines
   RankControl& control(int owner) const;
+  // Whether waits for every rank's `which` go through the arrival tree.
+  bool treeSync(Flag which) const { return tree_.enabled() && which != Flag::kReduced; }
+  TreeNode& treeNode(Flag which, int node) const;
+  // The tree part of publish(): arrive for `step`, carry completed nodes up, release at the root.
+  void arrive(Flag which, uint32_t step);
+  // A completer's check of its node's members' fingerprints for `step` (posted only).
+  void compareMembers(int level, int member, uint32_t step);
+  // waitForAll through the tree: returns once treeReached reaches `target`.
+  void waitForTree(Flag which, uint32_t target, Deadline deadline);
+  // After a tree wait for `posted`: throws the mismatch a completer recorded, naming a peer whose
+  // fingerprint differs from this rank's.
+  void checkTreeAgreement(uint32_t step, uint64_t stepBytes, Deadline deadline);
+  // Slow path of a tree wait: the first rank whose `which` flag has not reached `target` (-1: none);
+  // and a look at each such rank (process ended, connection closed, gone over TCP): throws.
+  int firstMissing(Flag which, uint32_t target) const;
+  void lookAtMissingPeers(Flag which, uint32_t target) const;
+  // Throws kPeerClosed when `peer` is gone while its `which` flag is still short of `target`.
+  void throwIfPeerGone(int peer, Flag which, uint32_t target) const;
+  [[noreturn]] void throwTreeTimeout(Flag which, uint32_t target) const;
   std::atomic<uint32_t>& flag(int owner, Flag which) const;
   // Stores this rank's flag and wakes who waits for it: waiters for this rank alone, and, when
   // every rank has now reached `step`, waiters for the whole group.
@@ -187,6 +227,8 @@ class ShmGroup {
   const int size_;
   std::vector<int> processGroupRanks_;  // see create(); empty: the identity
   const size_t chunkBytes_;
+  const ArrivalTree tree_;
+  const size_t controlsOffset_;  // groupWakeBytes() + treeBytes(tree_)
   // How long a waiter spins before it blocks (and peersStarted() waits at most): kSpin, or 0 when
   // the group has more ranks than this process has CPUs (spinning would starve the peers).
   const std::chrono::microseconds spin_;

@@ -1,0 +1,109 @@
+"""The shared-memory arrival tree (DDPLITE_SHM_SYNC=tree; the default past 16 ranks on a host):
+each rank adds itself to one counter per step and reads one word, instead of every peer's flag
+(csrc/cpu/shm/arrival_tree.hpp, shm_group.cpp). Forced here at 2-5 ranks with a fan-in of 2, so
+the trees have uneven nodes and 1-3 levels: every collective against the closed form and gloo,
+mismatches, a killed rank, a rank that never arrives, abort, and the step counter's wrap."""
+
+import re
+
+import pytest
+
+import review_workers as rw
+import shm_workers
+import sweeps
+import workers
+from harness import run_ranks
+from test_shm import no_segment_left_behind  # noqa: F401 - autouse: nothing left in /dev/shm
+
+TREE = {"DDPLITE_CPU_TRANSPORT": "shm", "DDPLITE_SHM_CHUNK_BYTES": "4096", "DDPLITE_SHM_SYNC": "tree",
+        "DDPLITE_SHM_TREE_FANIN": "2"}
+COUNTS = [0, 1, 3, 1000, 5000]
+
+
+# 4 ranks in CI (two levels: {0,1} {2,3}, then the root); 3 and 5 ranks (a node of one) exhaustive.
+SWEPT = [pytest.param(collective, world_size, marks=[] if world_size == 4 else [pytest.mark.exhaustive])
+         for collective in sorted(sweeps.SWEEPS) for world_size in (3, 4, 5)
+         if collective != "gather_scatter" or world_size == 3]
+
+
+@pytest.mark.parametrize("collective,world_size", SWEPT)
+def test_sweep_through_the_arrival_tree(collective, world_size):
+    results = run_ranks(sweeps.SWEEPS[collective], world_size, COUNTS, env=TREE, timeout_s=300)
+    for result in results:
+        assert result["failures"] == [], "\n".join(result["failures"][:20])
+        assert result["checked"] >= len(workers.DTYPES) * len(COUNTS)
+
+
+@pytest.mark.parametrize("world_size,expected", [
+    (2, "an arrival tree (fan-in 2, 1 level)"),
+    (4, "an arrival tree (fan-in 2, 2 levels)"),
+    (5, "an arrival tree (fan-in 2, 3 levels)"),
+])
+def test_cpu_path_names_the_tree(world_size, expected):
+    results = run_ranks(shm_workers.sync_description, world_size, env=TREE)
+    total = float(sum(range(1, world_size + 1)))
+    for result in results:
+        assert result["path"][0] == "shm" and f"steps synchronise through {expected}" in result["path"][1], result
+        assert result["sum"] == [total] * 5
+
+
+def test_auto_is_flat_up_to_16_ranks():
+    results = run_ranks(shm_workers.sync_description, 3, env={"DDPLITE_CPU_TRANSPORT": "shm"})
+    for result in results:
+        assert "steps synchronise through flat waits (each rank reads every peer's flag at every step)" in \
+            result["path"][1], result
+
+
+@pytest.mark.parametrize("kind", ["sizes", "dtypes"])
+@pytest.mark.parametrize("odd_rank", [3, 0])
+def test_one_rank_in_another_collective_is_named_on_every_rank(kind, odd_rank):
+    """The completer of the node holding the odd rank records the disagreement; every rank raises
+    after the step, naming a peer whose collective differs from its own: the odd rank names one
+    of the others, the others name the odd rank."""
+    results = run_ranks(shm_workers.one_rank_differs, 4, odd_rank, kind, env=TREE, pg_timeout_s=20)
+    for rank, result in enumerate(results):
+        assert result.get("raised") == "DistBackendError", (rank, result)
+        message = result["message"]
+        assert "collective mismatch" in message and "shared memory" in message, (rank, message)
+        # the peer this rank names comes first; a quote of the group's first failure may follow
+        named = int(re.match(r"rank (\d+) \(pid", message.split("collective mismatch: ", 1)[1]).group(1))
+        if rank == odd_rank:
+            assert named != odd_rank, (rank, message)
+        else:
+            assert named == odd_rank, (rank, message)
+
+
+def test_rank_killed_mid_allreduce_is_reported_within_seconds():
+    results = run_ranks(shm_workers.killed_mid_allreduce, 4, 2, 300_000, env=TREE, pg_timeout_s=60,
+                        timeout_s=120, may_exit={2})
+    for rank, result in enumerate(results):
+        if rank == 2:
+            continue
+        assert result["type"] == "DistBackendError", result
+        assert "rank 2" in result["message"], result["message"]
+        assert "closed the connection" in result["message"] or "'s process ended" in result["message"], \
+            result["message"]
+        assert result["seconds"] < 5.0, result
+
+
+def test_rank_that_never_arrives_is_named_at_the_timeout():
+    results = run_ranks(workers.peer_never_arrives, 3, env=TREE, pg_timeout_s=2, timeout_s=60)
+    for rank in (0, 2):
+        outcome = results[rank]
+        assert "Timed out waiting for rank 1" in outcome["message"], outcome["message"]
+        assert 1.9 < outcome["elapsed"] < 4, outcome
+
+
+def test_abort_wakes_the_peers_waiting_in_the_tree():
+    results = run_ranks(workers.abort_fails_pending_and_later_ops, 3, env=TREE, pg_timeout_s=30)
+    assert results[0]["raised"] == "DistBackendError" and "abort() was called on rank 0" in results[0]["message"]
+    for rank in (1, 2):
+        assert results[rank]["raised"] == "DistBackendError" and "rank 0" in results[rank]["message"], results[rank]
+
+
+def test_steps_wrap_past_two_to_the_32():
+    """Counters go by the step's parity and the release word is compared modulo 2^32: broadcasts
+    (the root's deferred check) and all_reduces across the wrap stay right."""
+    env = dict(TREE, DDPLITE_TEST_HOOKS="shm_first_step=4294967290")
+    results = run_ranks(rw.broadcasts_across_the_wrap, 3, env=env, pg_timeout_s=20, timeout_s=120)
+    assert results == [[]] * 3
