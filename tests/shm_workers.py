@@ -250,3 +250,33 @@ def sync_description(rank, world_size):
     tensor = torch.full((5,), float(rank + 1))
     dist.all_reduce(tensor)
     return {"path": torch_ddp_lite.cpu_path(), "sum": tensor.tolist()}
+
+
+def tolerated_then_real_mismatch(rank, world_size, odd_rank):
+    """First rank 0 runs all_gather into a list, the others all_gather_into_tensor (one collective
+    in two spellings: accepted); then `odd_rank` runs an all_reduce of another dtype than the others
+    (one_rank_differs). The first must return the right values everywhere, the second raise on every
+    rank: a tolerated difference must not leave a record that hides the real one."""
+    mine = torch.full((3,), float(rank))
+    if rank == 0:
+        pieces = [torch.empty(3) for _ in range(world_size)]
+        dist.all_gather(pieces, mine)
+        gathered = torch.cat(pieces)
+    else:
+        gathered = torch.empty(3 * world_size)
+        dist.all_gather_into_tensor(gathered, mine)
+    return {"gathered": gathered.tolist(), **one_rank_differs(rank, world_size, odd_rank, "dtypes")}
+
+
+def dies_between_flag_and_arrival(rank, world_size, victim):
+    """DDPLITE_TEST_HOOKS=shm_exit_unarrived=<victim>:3: the victim SIGKILLs itself in all_reduce #3
+    after storing its posted flag, before its arrival at the tree. Every flag is then stored and the
+    step can never complete: the others must name it within seconds."""
+    start = time.monotonic()
+    try:
+        for _ in range(5):
+            start = time.monotonic()
+            dist.all_reduce(torch.ones(4))
+        return {"type": None}
+    except Exception as error:  # noqa: BLE001
+        return {"type": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}

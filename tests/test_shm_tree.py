@@ -107,3 +107,28 @@ def test_steps_wrap_past_two_to_the_32():
     env = dict(TREE, DDPLITE_TEST_HOOKS="shm_first_step=4294967290")
     results = run_ranks(rw.broadcasts_across_the_wrap, 3, env=env, pg_timeout_s=20, timeout_s=120)
     assert results == [[]] * 3
+
+
+def test_a_tolerated_difference_does_not_hide_a_later_mismatch():
+    """all_gather and all_gather_into_tensor are one collective (the names differ, the steps do
+    not): nothing is recorded for them, so rank 2's later dtype mismatch is named on every rank."""
+    results = run_ranks(shm_workers.tolerated_then_real_mismatch, 4, 2, env=TREE, pg_timeout_s=20)
+    for rank, result in enumerate(results):
+        assert result["gathered"] == [float(r) for r in range(4) for _ in range(3)], (rank, result)
+        assert result.get("raised") == "DistBackendError", (rank, result)
+        named = int(re.match(r"rank (\d+) \(pid", result["message"].split("collective mismatch: ", 1)[1]).group(1))
+        assert (named != 2) if rank == 2 else (named == 2), (rank, result["message"])
+
+
+def test_rank_dying_between_its_flag_and_its_arrival_is_named_within_seconds():
+    """Every flag of the step is stored, but the tree's root is never released: the waiters look at
+    every peer's liveness once a slice has passed, instead of waiting for the 60 s timeout."""
+    env = dict(TREE, DDPLITE_TEST_HOOKS="shm_exit_unarrived=1:3")
+    results = run_ranks(shm_workers.dies_between_flag_and_arrival, 3, 1, env=env, pg_timeout_s=60, timeout_s=120,
+                        may_exit={1})
+    for rank in (0, 2):
+        result = results[rank]
+        assert result["type"] == "DistBackendError", (rank, result)
+        assert "rank 1" in result["message"] and ("'s process ended" in result["message"] or
+                                                  "closed the connection" in result["message"]), result["message"]
+        assert result["seconds"] < 5.0, (rank, result)

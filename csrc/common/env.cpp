@@ -204,7 +204,9 @@ const std::vector<Knob>& allKnobs() {
        "For ddplite's own tests, never for jobs: comma-separated 'shm_first_step=<n>' (the shared-memory "
        "steps start at n, to test their wrap at 2^32; same on every rank) and 'shm_fault=<rank>:<seq>' (that "
        "group rank throws std::bad_alloc right after it posts a step of collective #seq) and "
-       "'shm_stall_attach=<rank>' (that group rank sleeps instead of attaching the segment)"},
+       "'shm_stall_attach=<rank>' (that group rank sleeps instead of attaching the segment) and "
+       "'shm_exit_unarrived=<rank>:<seq>' (that group rank kills itself between storing its posted flag and "
+       "arriving at the shared-memory arrival tree, in collective #seq)"},
   };
   return knobs;
 }
@@ -381,7 +383,8 @@ TestHooks testHooks() {
   const char* value = rawValue(kTestHooks);
   if (value == nullptr) return hooks;
   const std::string allowed =
-      "use 'shm_first_step=<n>', 'shm_fault=<rank>:<seq>' and/or 'shm_stall_attach=<rank>', comma-separated "
+      "use 'shm_first_step=<n>', 'shm_fault=<rank>:<seq>', 'shm_exit_unarrived=<rank>:<seq>' and/or "
+      "'shm_stall_attach=<rank>', comma-separated "
       "(unset: none)";
   std::string spec(value);
   size_t begin = 0;
@@ -396,6 +399,10 @@ TestHooks testHooks() {
     } else if (std::sscanf(item.c_str(), "shm_stall_attach=%llu%n", &a, &used) == 1 &&
                used == static_cast<int>(item.size())) {
       hooks.shmStallAttach = static_cast<int>(a);
+    } else if (std::sscanf(item.c_str(), "shm_exit_unarrived=%llu:%llu%n", &a, &b, &used) == 2 &&
+               used == static_cast<int>(item.size()) && b > 0) {
+      hooks.shmExitUnarrivedRank = static_cast<int>(a);
+      hooks.shmExitUnarrivedSeq = b;
     } else if (std::sscanf(item.c_str(), "shm_fault=%llu:%llu%n", &a, &b, &used) == 2 &&
                used == static_cast<int>(item.size()) && b > 0) {
       hooks.shmFaultRank = static_cast<int>(a);

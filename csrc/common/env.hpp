@@ -119,6 +119,8 @@ struct TestHooks {
   int shmFaultRank = -1;      // this group rank throws std::bad_alloc after posting a step of ...
   uint64_t shmFaultSeq = 0;   // ... collective #shmFaultSeq (0: never)
   int shmStallAttach = -1;    // this group rank never attaches the segment (it sleeps; tests kill it)
+  int shmExitUnarrivedRank = -1;    // this group rank kills itself (SIGKILL) between its posted flag ...
+  uint64_t shmExitUnarrivedSeq = 0;  // ... and its arrival at the arrival tree, in collective #seq (0: never)
 };
 TestHooks testHooks();
 

@@ -7,13 +7,14 @@
 
 #include <unistd.h>
 
+#include <csignal>
+
 #include <cerrno>
 
 #include <algorithm>
 #include <cstring>
 #include <iterator>
 #include <new>
-#include <type_traits>
 
 namespace ddplite::cpu {
 
@@ -131,6 +132,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
     group->groupWake(which).treeReached.store(hooks.shmFirstStep, std::memory_order_relaxed);
   }
   if (hooks.shmFaultRank == rank) group->faultSeq_ = hooks.shmFaultSeq;
+  if (hooks.shmExitUnarrivedRank == rank) group->exitUnarrivedSeq_ = hooks.shmExitUnarrivedSeq;
   // Every rank's process identity and first flags are visible to the others after this store
   // round trip (plain fields written before it, read only after it).
   rendezvous.barrier("shm/ready/", rank, size, "", "every rank to map shared memory");
@@ -201,6 +203,7 @@ void ShmGroup::publish(Flag which, uint32_t step) {
   mine.flags[static_cast<int>(which)].store(step, std::memory_order_seq_cst);
   if (mine.sleepers.load(std::memory_order_seq_cst) > 0) wake(mine);
   if (treeSync(which)) {
+    if (exitUnarrivedSeq_ != 0 && which == Flag::kPosted && current_.seq == exitUnarrivedSeq_) ::raise(SIGKILL);
     arrive(which, step);
     return;
   }
@@ -224,7 +227,9 @@ void ShmGroup::arrive(Flag which, uint32_t step) {
     const uint32_t before = count.fetch_add(1, std::memory_order_acq_rel);
     if (before + 1 < static_cast<uint32_t>(tree_.membersOf(level, member))) return;
     // Relaxed: the next arrival at this counter (step + 2) happens-after the tree wait that this
-    // completion leads to (see the header).
+    // completion leads to (see the header: every rank arrives for posted s, resets included,
+    // before it publishes consumed s, and arrives at step s + 2 only after beginStep's tree wait
+    // for consumed s).
     count.store(0, std::memory_order_relaxed);
     if (which == Flag::kPosted) compareMembers(level, member, step);
     member = tree_.parentMember(member);
@@ -238,18 +243,18 @@ void ShmGroup::arrive(Flag which, uint32_t step) {
   }
 }
 
-static_assert(std::has_unique_object_representations_v<WireHeader>, "headers are compared with memcmp");
-
 void ShmGroup::compareMembers(int level, int member, uint32_t step) {
   const int first = tree_.firstMemberOf(member);
   const int members = tree_.membersOf(level, member);
   const int reference = tree_.representative(level, first);
   // Stable: a member writes the header of this parity again only at step + 2, after every rank,
-  // this one included, consumed `step`.
+  // this one included, consumed `step`. Compared as waitPosted() would (an equivalence), so a
+  // record means every rank disagrees with one of the two and raises: the group is then broken,
+  // and no stale record can stand in for a later step's.
   const WireHeader& expected = control(reference).headers[step & 1];
   for (int other = first + 1; other < first + members; ++other) {
     const int rank = tree_.representative(level, other);
-    if (std::memcmp(&control(rank).headers[step & 1], &expected, sizeof(WireHeader)) == 0) continue;
+    if (sameCollectiveStep(control(rank).headers[step & 1], expected)) continue;
     uint64_t none = 0;
     const uint64_t pair = (static_cast<uint64_t>(reference + 1) << 32) | static_cast<uint64_t>(rank + 1);
     groupWake(Flag::kPosted).treeMismatch.compare_exchange_strong(none, pair, std::memory_order_seq_cst);
@@ -429,10 +434,27 @@ int ShmGroup::firstMissing(Flag which, uint32_t target) const {
 }
 
 void ShmGroup::lookAtMissingPeers(Flag which, uint32_t target) const {
+  bool anyMissing = false;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_ || reached(flag(peer, which).load(std::memory_order_acquire), target)) continue;
+    anyMissing = true;
     throwIfPeerGone(peer, which, target);
     checkPeerStayedOnPath(peer, which, target);
+  }
+  if (anyMissing) return;
+  // Every flag is stored but the root is not released: the last arrivals are still climbing the
+  // tree, or a rank died between its flag and its arrival (the step never completes). Any peer
+  // gone now fails the wait, like a missing one.
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    const bool hungUp = liveness_.peerHungUp(peer);
+    if (hungUp || peerProcessEnded(peer)) {
+      throw TransportError(TransportError::Kind::kPeerClosed, peer,
+                           strCat(describePeer(peer), hungUp ? " closed the connection" : "'s process ended",
+                                  " while this rank waited for step ", target, " of ", current_.describe(),
+                                  " to complete in shared memory (its flag was stored, its arrival never reached "
+                                  "the group); that rank probably exited or crashed"));
+    }
   }
 }
 

@@ -51,7 +51,9 @@
 // included, and no rank arrives for step s+2 at a counter of the same parity before such a wait
 // (beginStep waits for consumed s first), so a counter never mixes two steps. Only `posted` and
 // `consumed` use it (every rank marks them once per step); `reduced` stays flat. While a tree wait
-// sleeps, the peers whose flags are missing are looked at every 50 ms (liveness, path), as above.
+// sleeps, the peers whose flags are missing are looked at every 50 ms (liveness, path), as above;
+// when none is missing but the root is not released, every peer's liveness (a rank that died
+// between its flag and its arrival would otherwise hold the step until the deadline).
 //
 // Threading: everything but abort() on the thread that runs the group's collectives: the worker
 // thread, or a caller running a small op itself (Worker::tryClaimIdle: never two at once, and the
@@ -251,6 +253,9 @@ class ShmGroup {
   // DDPLITE_TEST_HOOKS=shm_fault=<rank>:<seq>: this rank throws std::bad_alloc right after it
   // posts a step of collective <seq> (0: never). Tests only.
   uint64_t faultSeq_ = 0;
+  // DDPLITE_TEST_HOOKS=shm_exit_unarrived=<rank>:<seq>: this rank SIGKILLs itself after storing
+  // its posted flag of collective <seq>, before its arrival at the tree (0: never). Tests only.
+  uint64_t exitUnarrivedSeq_ = 0;
 };
 
 }  // namespace ddplite::cpu

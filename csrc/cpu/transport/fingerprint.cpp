@@ -136,6 +136,11 @@ bool agrees(const WireHeader& header, const Fingerprint& mine, uint64_t expected
          header.bytes == mine.bytes && header.messageBytes == expectedBytes;
 }
 
+bool sameCollectiveStep(const WireHeader& a, const WireHeader& b) {
+  return a.seq == b.seq && a.part == b.part && a.kind == b.kind && a.algorithm == b.algorithm && a.dtype == b.dtype &&
+         a.reduceOp == b.reduceOp && a.root == b.root && a.bytes == b.bytes && a.messageBytes == b.messageBytes;
+}
+
 std::string headerMismatch(const WireHeader& header, const Fingerprint& mine, uint64_t expectedBytes,
                            const std::string& peer) {
   if (agrees(header, mine, expectedBytes)) return "";  // the hot path: no string is built

@@ -100,6 +100,11 @@ WireHeader encodeHeader(const Fingerprint& fingerprint, uint64_t messageBytes);
 // every first message, which builds no string.
 bool agrees(const WireHeader& header, const Fingerprint& mine, uint64_t expectedBytes);
 
+// True when two headers would pass agrees() against each other's fingerprint: the same fields
+// compared (the op's name aside: all_gather and all_gather_into_tensor are one collective), so
+// it is an equivalence. Both must be valid headers of this build (encodeHeader).
+bool sameCollectiveStep(const WireHeader& a, const WireHeader& b);
+
 // What a received header says, checked against this rank's own fingerprint and the length of
 // the receive it precedes: "" when they agree, else a sentence naming both sides, e.g.
 // "rank 1 (10.0.0.2:4711) is in gather #1 (..., 4 bytes) while this rank is in allreduce #2 (...)".
