@@ -280,3 +280,72 @@ def dies_between_flag_and_arrival(rank, world_size, victim):
         return {"type": None}
     except Exception as error:  # noqa: BLE001
         return {"type": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}
+
+
+def combined_bits_equal_flat(rank, world_size, counts):
+    """A small all_reduce combined on arrival (the default group, with the arrival tree) against
+    the flat reduce of a second group (DDPLITE_SHM_SYNC=flat, read when a group is created) and
+    against the rank-order sum computed here: inputs spread over 16 decades, so any other order
+    of the additions changes the bits. `counts` are float32 elements; float64 runs half as many
+    (the same bytes: all of them small, up to 16 KiB). Returns the mismatches (empty: every value
+    bit-identical)."""
+    import torch_ddp_lite
+
+    os.environ["DDPLITE_SHM_SYNC"] = "flat"
+    flat = dist.new_group(backend="ddplite")
+    problems = []
+    for path, group in (("tree", None), ("flat", flat)):
+        described = torch_ddp_lite.cpu_path(group)[1]
+        wanted = "arrival tree" if path == "tree" else "flat waits"
+        if wanted not in described:
+            problems.append(f"{path} group: {described}")
+    for dtype in (torch.float32, torch.float64):
+        for count in sorted({max(1, c * 4 // dtype.itemsize) for c in counts}):
+            inputs = []
+            for owner in range(world_size):
+                generator = torch.Generator().manual_seed(1000 * owner + count)
+                scale = torch.pow(10.0, torch.randint(-8, 8, (count,), generator=generator).double())
+                inputs.append((torch.randn(count, generator=generator, dtype=torch.float64) * scale).to(dtype))
+            expected = inputs[0].clone()
+            for owner in range(1, world_size):
+                expected = expected + inputs[owner]  # one IEEE addition per element, in rank order
+            for path, group in (("tree", None), ("flat", flat)):
+                tensor = inputs[rank].clone()
+                dist.all_reduce(tensor, group=group)
+                if not torch.equal(tensor, expected):
+                    wrong = (tensor != expected).nonzero().flatten()[:3].tolist()
+                    problems.append(f"{path} {dtype} count {count}: elements {wrong} differ from the rank-order sum")
+    dist.destroy_process_group(flat)
+    return problems
+
+
+def inline_once_every_peer_started(rank, world_size, late_rank, tries):
+    """Rank 0 calls a small async all_reduce after the others. When every peer has started it, rank 0
+    runs it on its own thread: the work is complete when all_reduce returns. When `late_rank` has
+    not called yet, it must not (the caller would wait for that rank: an async op stays async).
+    Each case `tries` times (a peer's op starts on its caller's thread only when its worker is idle
+    at the call, else a moment later on the worker: the sleep after the barrier makes that likely,
+    not certain). Returns, per case, whether rank 0's work was complete at return, per try, and
+    whether every sum was right."""
+    store = dist.distributed_c10d._get_default_store()
+    total = float(sum(range(1, world_size + 1)))
+    outcome = {"all started": [], "one late": [], "sums right": True}
+    for attempt in range(tries):
+        for case, late in (("all started", None), ("one late", late_rank)):
+            key = f"{case}/{attempt}"
+            dist.barrier()
+            time.sleep(0.2)  # every worker goes idle after the barrier, so ops start on the caller's thread
+            tensor = torch.full((3,), float(rank + 1))
+            if rank == 0:
+                store.wait([f"called/{key}/{peer}" for peer in range(1, world_size) if peer != late])
+                work = dist.all_reduce(tensor, async_op=True)
+                outcome[case].append(work.is_completed())
+                store.set(f"go/{key}", "1")
+            else:
+                if rank == late:
+                    store.wait([f"go/{key}"])
+                work = dist.all_reduce(tensor, async_op=True)
+                store.set(f"called/{key}/{rank}", "1")
+            work.wait()
+            outcome["sums right"] &= tensor.tolist() == [total] * 3
+    return outcome

@@ -37,7 +37,7 @@ def test_every_collective_and_send_recv_at_many_ranks(world_size, transport, dty
     for rank, outcome in enumerate(results):
         assert outcome.pop("path") == ("shm" if transport == "auto" else "tcp"), rank
         why = outcome.pop("why")
-        if transport == "auto":  # past 16 ranks on a host the steps go through the arrival tree
+        if transport == "auto":  # from 3 ranks on a host the steps go through the arrival tree
             levels = 2 if world_size <= 64 else 3
             assert f"steps synchronise through an arrival tree (fan-in 8, {levels} levels)" in why, (rank, why)
         waits = outcome.pop("barrier_waits")

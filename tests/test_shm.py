@@ -215,7 +215,8 @@ def test_the_default_is_shared_memory_and_says_why(world_size):
     for rank, paths in enumerate(results):
         expected = ("tcp", "a group of one rank exchanges nothing") if world_size == 1 else \
             ("shm", f"DDPLITE_CPU_TRANSPORT=auto, and all {world_size} ranks share this host; steps synchronise "
-                    "through flat waits (each rank reads every peer's flag at every step)")
+                    "through " + ("flat waits (each rank reads every peer's flag at every step)" if world_size == 2
+                                  else "an arrival tree (fan-in 8, 1 level)"))
         assert paths["world"] == expected, paths
         assert paths["sum"] == [float(world_size)] * 3
         if world_size > 1 and rank < 2:
@@ -237,6 +238,8 @@ SETTINGS_THAT_DIFFER = {
               "DDPLITE_SHM_CHUNK_BYTES='524288' here, '8192' on rank 1"),
     "sync": ({"DDPLITE_SHM_SYNC": "tree"}, "DDPLITE_SHM_SYNC='tree' here, 'auto' on rank 0",
              "DDPLITE_SHM_SYNC='auto' here, 'tree' on rank 1"),
+    "fanin": ({"DDPLITE_SHM_TREE_FANIN": "4"}, "DDPLITE_SHM_TREE_FANIN='4' here, '8' on rank 0",
+              "DDPLITE_SHM_TREE_FANIN='8' here, '4' on rank 1"),
     "fingerprint": ({"DDPLITE_FINGERPRINT": "0"}, "DDPLITE_FINGERPRINT='0' here, '1' on rank 0",
                     "DDPLITE_FINGERPRINT='1' here, '0' on rank 1"),
 }
@@ -256,6 +259,17 @@ def test_settings_that_differ_between_ranks_fail_init_on_every_rank(case, tmp_pa
         assert results[rank]["raised"] == "ValueError", results[rank]
         assert f"ddplite rank {rank}/2, init #0: the ranks of this group run with different settings: " \
                f"{expected}" in results[rank]["message"], results[rank]["message"]
+
+
+def test_fan_in_is_not_compared_when_every_group_waits_flat(tmp_path):
+    """DDPLITE_SHM_TREE_FANIN shapes only arrival trees: with DDPLITE_SHM_SYNC=flat on every rank,
+    a different fan-in on one rank changes nothing, so init goes through."""
+    settings = {0: {"DDPLITE_SHM_SYNC": "flat"}, 1: {"DDPLITE_SHM_SYNC": "flat", "DDPLITE_SHM_TREE_FANIN": "4"}}
+    results = run_ranks(shm_workers.init_with_own_settings, 2, str(tmp_path / "store"), settings, backend=None,
+                        timeout_s=60)
+    for result in results:
+        assert result["raised"] is None, result
+        assert "flat waits" in result["path"][1], result
 
 
 def test_chunk_knob_is_bounded():

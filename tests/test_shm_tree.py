@@ -1,4 +1,4 @@
-"""The shared-memory arrival tree (DDPLITE_SHM_SYNC=tree; the default past 16 ranks on a host):
+"""The shared-memory arrival tree (DDPLITE_SHM_SYNC=tree; the default from 3 ranks on a host):
 each rank adds itself to one counter per step and reads one word, instead of every peer's flag
 (csrc/cpu/shm/arrival_tree.hpp, shm_group.cpp). Forced here at 2-5 ranks with a fan-in of 2, so
 the trees have uneven nodes and 1-3 levels: every collective against the closed form and gloo,
@@ -47,11 +47,14 @@ def test_cpu_path_names_the_tree(world_size, expected):
         assert result["sum"] == [total] * 5
 
 
-def test_auto_is_flat_up_to_16_ranks():
-    results = run_ranks(shm_workers.sync_description, 3, env={"DDPLITE_CPU_TRANSPORT": "shm"})
+@pytest.mark.parametrize("world_size,expected", [
+    (2, "flat waits (each rank reads every peer's flag at every step)"),
+    (3, "an arrival tree (fan-in 8, 1 level)"),
+])
+def test_auto_is_flat_at_two_ranks_and_a_tree_above(world_size, expected):
+    results = run_ranks(shm_workers.sync_description, world_size, env={"DDPLITE_CPU_TRANSPORT": "shm"})
     for result in results:
-        assert "steps synchronise through flat waits (each rank reads every peer's flag at every step)" in \
-            result["path"][1], result
+        assert f"steps synchronise through {expected}" in result["path"][1], result
 
 
 @pytest.mark.parametrize("kind", ["sizes", "dtypes"])
@@ -132,3 +135,27 @@ def test_rank_dying_between_its_flag_and_its_arrival_is_named_within_seconds():
         assert "rank 1" in result["message"] and ("'s process ended" in result["message"] or
                                                   "closed the connection" in result["message"]), result["message"]
         assert result["seconds"] < 5.0, (rank, result)
+
+
+@pytest.mark.parametrize("world_size", [4, 5])
+def test_small_allreduce_combined_on_arrival_has_the_flat_bits(world_size):
+    """With the tree, the rank that completes a step reduces for everyone (combined on arrival); the
+    others copy its result. Same rank order as the flat path, so the same bits, on every rank; 16 KiB
+    (4096 float32, 2048 float64): four 4 KiB chunks, each combined by whichever rank comes last."""
+    results = run_ranks(shm_workers.combined_bits_equal_flat, world_size, [1, 3, 1000, 4096], env=TREE,
+                        timeout_s=300)
+    assert results == [[]] * world_size, results
+
+
+@pytest.mark.parametrize("sync,world_size", [("tree", 4), ("tree", 5), ("flat", 4)])
+def test_a_small_op_runs_on_the_caller_only_once_every_peer_started(sync, world_size):
+    """Whether every peer has started an op: with the tree, one word (the root's started summary,
+    raised bottom-up by each rank's markStarted); flat, every peer's. Neither may say yes while a
+    rank has not started (rank 0 would run the op inline and wait for it), and both must say yes
+    once all have: rank 0, calling last, then completes the op before all_reduce returns."""
+    late = world_size - 1
+    results = run_ranks(shm_workers.inline_once_every_peer_started, world_size, late, 3,
+                        env=dict(TREE, DDPLITE_SHM_SYNC=sync), pg_timeout_s=20, timeout_s=120)
+    assert True in results[0]["all started"], results[0]  # a "no" every time: the summary never got there
+    assert results[0]["one late"] == [False] * 3, results[0]  # a "yes": it ran ahead of the late rank
+    assert all(result["sums right"] for result in results), results

@@ -67,7 +67,7 @@ constexpr int kConnectAtInitUpTo = 16;
 const std::initializer_list<const char*> kShmSyncModes = {"auto", "flat", "tree"};
 // DDPLITE_SHM_SYNC=auto: every rank reads every peer's flag up to this many ranks on a host, an
 // arrival tree above (docs/scale.md, "Arrival trees in shared memory").
-constexpr int kShmFlatSyncUpTo = 16;
+constexpr int kShmFlatSyncUpTo = 2;  // one peer: its flag is the one word to read
 constexpr int64_t kDefaultShmTreeFanIn = 8;
 constexpr int64_t kMaximumShmTreeFanIn = 64;
 const std::initializer_list<const char*> kSwitch = {"1", "0"};
@@ -172,7 +172,8 @@ const std::vector<Knob>& allKnobs() {
               "reads every peer's flag: P reads per rank and step), 'tree' (an arrival tree: each rank adds "
               "itself to one counter and reads one word; the last to arrive carries the count up and wakes "
               "everyone) or 'auto' (flat up to ", kShmFlatSyncUpTo,
-              " ranks on a host, tree above). Same on every rank. Read when a group is created")},
+              " ranks on a host, where there is one peer's flag to read, tree above). Same on every rank. Read "
+              "when a group is created")},
       {kShmTreeFanIn, std::to_string(kDefaultShmTreeFanIn),
        strCat("Arrivals per counter of the shared-memory arrival tree (DDPLITE_SHM_SYNC; 2 to ",
               kMaximumShmTreeFanIn, "). Same on every rank")},
@@ -298,7 +299,8 @@ std::string cpuTransport() {
 }
 
 std::vector<std::pair<std::string, std::string>> groupWideSettings() {
-  return {
+  const int syncMode = readChoice(kShmSync, kShmSyncModes);
+  std::vector<std::pair<std::string, std::string>> settings{
       {kCpuTransport, cpuTransport()},
       {kShmChunkBytes, std::to_string(shmChunkBytes())},
       {kRingSegmentBytes, std::to_string(ringSegmentBytes())},
@@ -306,10 +308,14 @@ std::vector<std::pair<std::string, std::string>> groupWideSettings() {
       {kFingerprint, fingerprintChecks() ? "1" : "0"},
       {kAuth, authenticateConnections() ? "1" : "0"},
       {kConnect, *(kConnectModes.begin() + readChoice(kConnect, kConnectModes))},
-      {kShmSync, *(kShmSyncModes.begin() + readChoice(kShmSync, kShmSyncModes))},
-      {kShmTreeFanIn, std::to_string(readBytes(kShmTreeFanIn, kDefaultShmTreeFanIn, 2, kMaximumShmTreeFanIn, "arrivals"))},
+      {kShmSync, *(kShmSyncModes.begin() + syncMode)},
       {kCudaStaging, *(kStagings.begin() + readChoice(kCudaStaging, kStagings))},
   };
+  if (syncMode != 1) {  // the fan-in shapes nothing when every group waits flat
+    settings.emplace_back(kShmTreeFanIn, std::to_string(readBytes(kShmTreeFanIn, kDefaultShmTreeFanIn, 2,
+                                                                  kMaximumShmTreeFanIn, "arrivals")));
+  }
+  return settings;
 }
 
 bool detailChecks() {

@@ -5,6 +5,12 @@
 // buffer and posts; once all have posted, every rank reduces all P buffers, in rank order, into
 // its own output; marks the step consumed.
 //   Cost per rank: R = P*S, W = 2*S (copy-in, output); 1 synchronisation.
+// With an arrival tree (from 3 ranks on a host by default), combined on arrival instead: every
+// rank copies its chunk in and posts; the rank whose arrival completes the tree reduces all P
+// buffers, in rank order, into its output and its own buffer before it releases the step
+// (ShmGroup::postCombining); the others copy the result out of that one buffer. Same bits as above.
+//   Cost: the combiner R = P*S, W = 3*S; the others R = S, W = 2*S; 1 synchronisation. So the host
+//   reads (2P-1)*S bytes per step instead of P*P*S.
 //
 // Large chunks, reduce-scatter then allgather in place, two synchronisations per chunk:
 //   1. copy the chunk into this rank's buffer; post;
@@ -47,6 +53,19 @@ void reduceScatterAllgather(ShmGroup& group, const AlgorithmArgs& args, char* ou
   }
 }
 
+// This rank's chunk is in its buffer for `step`. Posts it; whichever rank completes the step
+// reduces for everyone (on its collective thread, inside its post); the others copy its result.
+void combinedOnArrival(ShmGroup& group, const AlgorithmArgs& args, char* out, size_t count, uint32_t step) {
+  const size_t bytes = count * args.elementSize;
+  group.postCombining(step, bytes, [&] {
+    reduceInRankOrder(group, args, out, 0, count, step);
+    std::memcpy(group.buffer(group.rank(), step), out, bytes);  // the input is no longer needed
+  });
+  group.waitAllPosted(step, bytes, args.deadline);
+  const int combiner = group.combinedBy(step);
+  if (combiner != group.rank()) std::memcpy(out, group.buffer(combiner, step), bytes);
+}
+
 }  // namespace
 
 void allreduce(ShmGroup& group, const AlgorithmArgs& args) {
@@ -59,12 +78,16 @@ void allreduce(ShmGroup& group, const AlgorithmArgs& args) {
     char* out = args.data + first * es;
     const uint32_t step = group.beginStep(args.deadline);
     std::memcpy(group.buffer(group.rank(), step), out, count * es);
-    group.post(step, count * es);
-    group.waitAllPosted(step, count * es, args.deadline);
-    if (small) {
-      reduceInRankOrder(group, args, out, 0, count, step);
+    if (small && group.combinesOnArrival()) {
+      combinedOnArrival(group, args, out, count, step);
     } else {
-      reduceScatterAllgather(group, args, out, count, step);
+      group.post(step, count * es);
+      group.waitAllPosted(step, count * es, args.deadline);
+      if (small) {
+        reduceInRankOrder(group, args, out, 0, count, step);
+      } else {
+        reduceScatterAllgather(group, args, out, count, step);
+      }
     }
     group.markConsumed(step);
   }

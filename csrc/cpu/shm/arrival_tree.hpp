@@ -41,6 +41,8 @@ class ArrivalTree {
   // At `level`, the node that member `member` (a rank at level 0, a node of level-1 above) arrives at,
   // as an index into every level's nodes laid end to end.
   int nodeOf(int level, int member) const { return levels_[level].firstNode + member / fanIn_; }
+  // The index (as nodeOf's) of node `node` of `level`: a member of level + 1.
+  int nodeIndex(int level, int node) const { return levels_[level].firstNode + node; }
   // How many members that node has (k, or fewer for the last node of a level).
   int membersOf(int level, int member) const {
     const int first = member / fanIn_ * fanIn_;

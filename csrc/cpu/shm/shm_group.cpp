@@ -80,13 +80,16 @@ struct alignas(kAlignment) ShmGroup::RankControl {
 // waiters), and, in the `posted` line only, the first fingerprint disagreement a completer found
 // (`treeMismatch`: (a+1) << 32 | (b+1) for ranks a and b, compare-exchanged seq_cst before the root
 // is released; 0: none) and whether any rank broke the group (`anyBroken`: stored seq_cst by
-// breakGroup() before its wakes; lets a tree wait skip reading every rank's `broken`).
+// breakGroup() before its wakes; lets a tree wait skip reading every rank's `broken`), and who
+// combined the step of each parity (`combined`: step << 32 | (rank + 1), 0 for none, stored relaxed
+// by the root's completer before its seq_cst store of treeReached, which publishes it; postCombining).
 struct alignas(kAlignment) ShmGroup::GroupWake {
   std::atomic<uint32_t> sleepers;
   std::atomic<uint32_t> release;
   std::atomic<uint32_t> treeReached;
   std::atomic<uint32_t> anyBroken;
   std::atomic<uint64_t> treeMismatch;
+  std::atomic<uint64_t> combined[2];
 };
 
 // One counter of the arrival tree per step parity, on a cache line of its own (the members of one
@@ -95,12 +98,20 @@ struct alignas(kAlignment) ShmGroup::TreeNode {
   std::atomic<uint32_t> arrivals[2];
 };
 
+// A tree node's started summary (markStarted; 0: none yet), on a line of its own after the
+// counters: raised once per op by ranks starting it, spun on (the root's) by peersStarted, so it
+// stays off the lines the step's arrivals hit.
+struct alignas(kAlignment) ShmGroup::StartedSummary {
+  std::atomic<uint64_t> lowest;
+};
+
 size_t ShmGroup::groupWakeBytes() {
   return roundUp(sizeof(GroupWake) * kFlagKinds, kAlignment);
 }
 
 size_t ShmGroup::treeBytes(const ArrivalTree& tree) {
-  return sizeof(TreeNode) * static_cast<size_t>(tree.nodeCount()) * 2;  // posted and consumed
+  const size_t nodes = static_cast<size_t>(tree.nodeCount());
+  return sizeof(TreeNode) * nodes * 2 + sizeof(StartedSummary) * nodes;  // posted and consumed; summaries
 }
 
 std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transport& liveness, int rank, int size,
@@ -234,6 +245,7 @@ void ShmGroup::arrive(Flag which, uint32_t step) {
     if (which == Flag::kPosted) compareMembers(level, member, step);
     member = tree_.parentMember(member);
   }
+  if (which == Flag::kPosted && combine_ != nullptr) combineAtRoot(step);
   GroupWake& group = groupWake(which);
   // seq_cst, then `sleepers`: the waiter's protocol in waitForTree (as publish's for flat waits).
   group.treeReached.store(step, std::memory_order_seq_cst);
@@ -262,6 +274,19 @@ void ShmGroup::compareMembers(int level, int member, uint32_t step) {
   }
 }
 
+void ShmGroup::combineAtRoot(uint32_t step) {
+  GroupWake& group = groupWake(Flag::kPosted);
+  // Acquire: each completer recorded before it arrived further up, and this rank's read-modify-
+  // writes on the way up acquired every arrival. A record: the ranks' steps differ (sizes,
+  // dtypes), so there is nothing to combine; every rank raises after its wait.
+  if (group.treeMismatch.load(std::memory_order_acquire) != 0) return;
+  (*combine_)();
+  // Relaxed: published by the seq_cst store of treeReached that follows (arrive), which every
+  // tree wait acquires before combinedBy() reads this.
+  group.combined[step & 1].store((static_cast<uint64_t>(step) << 32) | static_cast<uint32_t>(rank_ + 1),
+                                 std::memory_order_relaxed);
+}
+
 bool ShmGroup::everyRankReached(Flag which, uint32_t step) const {
   for (int owner = 0; owner < size_; ++owner) {
     if (!reached(flag(owner, which).load(std::memory_order_seq_cst), step)) return false;
@@ -282,6 +307,30 @@ void ShmGroup::post(uint32_t step, uint64_t stepBytes) {
   flag(rank_, Flag::kReduced).store(step - 1, std::memory_order_relaxed);
   publish(Flag::kPosted, step);
   if (faultSeq_ != 0 && current_.seq == faultSeq_) throw std::bad_alloc();  // DDPLITE_TEST_HOOKS
+}
+
+void ShmGroup::postCombining(uint32_t step, uint64_t stepBytes, c10::function_ref<void()> combine) {
+  TORCH_INTERNAL_ASSERT(combinesOnArrival(), "postCombining without an arrival tree: nobody would combine");
+  struct Clear {
+    const c10::function_ref<void()>*& slot;
+    ~Clear() { slot = nullptr; }
+  } clear{combine_};
+  combine_ = &combine;
+  post(step, stepBytes);
+}
+
+int ShmGroup::combinedBy(uint32_t step) const {
+  // Stable until every rank consumed `step`: the next store to this parity comes with step + 2.
+  const uint64_t word = groupWake(Flag::kPosted).combined[step & 1].load(std::memory_order_relaxed);
+  const uint32_t rankPlusOne = static_cast<uint32_t>(word & 0xffffffffu);
+  if (rankPlusOne == 0 || static_cast<uint32_t>(word >> 32) != step) {
+    // The rank that completed the step did not combine: it was not in this collective's combining
+    // path, yet its fingerprint agreed (not expected: every such rank posts through postCombining).
+    throw TransportError(TransportError::Kind::kMismatch, -1,
+                         strCat("no rank combined step ", step, " of ", current_.describe(),
+                                " in shared memory although every rank posted it; a rank on another path?"));
+  }
+  return static_cast<int>(rankPlusOne) - 1;
 }
 
 void ShmGroup::markReduced(uint32_t step) {
@@ -322,9 +371,10 @@ void ShmGroup::checkAllPostedLater(uint32_t step, uint64_t stepBytes) {
   if (treeSync(Flag::kPosted)) {
     // Deferring is always safe: the completer recorded any disagreement for the later check.
     allPosted = reached(groupWake(Flag::kPosted).treeReached.load(std::memory_order_seq_cst), step);
-  }
-  for (int peer = 0; peer < size_ && allPosted && !treeSync(Flag::kPosted); ++peer) {
-    allPosted = peer == rank_ || reached(flag(peer, Flag::kPosted).load(std::memory_order_seq_cst), step);
+  } else {
+    for (int peer = 0; peer < size_ && allPosted; ++peer) {
+      allPosted = peer == rank_ || reached(flag(peer, Flag::kPosted).load(std::memory_order_seq_cst), step);
+    }
   }
   if (allPosted) {  // the root came last: check now, nothing to wait for
     waitAllPosted(step, stepBytes, Clock::now());
@@ -449,11 +499,9 @@ void ShmGroup::lookAtMissingPeers(Flag which, uint32_t target) const {
     if (peer == rank_) continue;
     const bool hungUp = liveness_.peerHungUp(peer);
     if (hungUp || peerProcessEnded(peer)) {
-      throw TransportError(TransportError::Kind::kPeerClosed, peer,
-                           strCat(describePeer(peer), hungUp ? " closed the connection" : "'s process ended",
-                                  " while this rank waited for step ", target, " of ", current_.describe(),
-                                  " to complete in shared memory (its flag was stored, its arrival never reached "
-                                  "the group); that rank probably exited or crashed"));
+      throwPeerGone(peer, hungUp,
+                    strCat("waited for step ", target, " of ", current_.describe(),
+                           " to complete in shared memory (its flag was stored, its arrival never reached the group)"));
     }
   }
 }
@@ -462,11 +510,15 @@ void ShmGroup::throwIfPeerGone(int peer, Flag which, uint32_t target) const {
   // a peer may publish its last flag and then exit: look at the flag once more first
   const bool hungUp = liveness_.peerHungUp(peer);
   if ((hungUp || peerProcessEnded(peer)) && !reached(flag(peer, which).load(std::memory_order_acquire), target)) {
-    throw TransportError(TransportError::Kind::kPeerClosed, peer,
-                         strCat(describePeer(peer), hungUp ? " closed the connection" : "'s process ended",
-                                " while this rank waited for it to ", flagVerb(static_cast<int>(which)), " step ",
-                                target, " in shared memory; that rank probably exited or crashed"));
+    throwPeerGone(peer, hungUp,
+                  strCat("waited for it to ", flagVerb(static_cast<int>(which)), " step ", target, " in shared memory"));
   }
+}
+
+void ShmGroup::throwPeerGone(int peer, bool hungUp, const std::string& waited) const {
+  throw TransportError(TransportError::Kind::kPeerClosed, peer,
+                       strCat(describePeer(peer), hungUp ? " closed the connection" : "'s process ended",
+                              " while this rank ", waited, "; that rank probably exited or crashed"));
 }
 
 void ShmGroup::throwTreeTimeout(Flag which, uint32_t target) const {
@@ -560,21 +612,66 @@ void ShmGroup::throwTimeout(int peer, Flag which, uint32_t target) const {
 }
 
 void ShmGroup::markStarted(uint64_t seq) {
+  // A compare-exchange, so that two threads of this rank (never at once today: the worker's claim
+  // orders them) could not lower the value a summary already took. seq_cst: summariseStarted.
   std::atomic<uint64_t>& started = control(rank_).startedSeq;
-  if (started.load(std::memory_order_relaxed) < seq) started.store(seq, std::memory_order_release);
+  uint64_t held = started.load(std::memory_order_relaxed);
+  while (held < seq && !started.compare_exchange_weak(held, seq, std::memory_order_seq_cst)) {
+  }
+  if (held >= seq) return;  // nothing raised: nothing new to summarise
+  if (tree_.levels() > 0) summariseStarted(seq);
+}
+
+std::atomic<uint64_t>& ShmGroup::startedSummary(int node) const {
+  const size_t counters = sizeof(TreeNode) * static_cast<size_t>(tree_.nodeCount()) * 2;
+  return reinterpret_cast<StartedSummary*>(segment_->base() + groupWakeBytes() + counters)[node].lowest;
+}
+
+uint64_t ShmGroup::startedOf(int level, int member) const {
+  if (level == 0) return control(member).startedSeq.load(std::memory_order_seq_cst);
+  return startedSummary(tree_.nodeIndex(level - 1, member)).load(std::memory_order_seq_cst);
+}
+
+// Bottom up: the lowest startedSeq among the node's members (this rank's own value, or the
+// summary it just raised, among them), raised into the node's summary. Two ranks that raise the
+// summaries of two members of one node (or store two ranks' startedSeq) at the same time each
+// write, then read the other's word, all seq_cst: in the single order of those operations one of
+// them reads the other's write, so the later of them computes a node value that includes both.
+// A rank that finds the node's summary already as high stops: whoever raised it carries it up.
+// So once every rank has started `seq`, the root's summary reaches `seq` (as a flat look would see
+// every peer's), and it never exceeds the lowest startedSeq of the group.
+void ShmGroup::summariseStarted(uint64_t seq) {
+  int member = rank_;
+  for (int level = 0; level < tree_.levels(); ++level) {
+    const int first = tree_.firstMemberOf(member);
+    uint64_t lowest = seq;
+    for (int other = first; other < first + tree_.membersOf(level, member); ++other) {
+      lowest = std::min(lowest, startedOf(level, other));
+    }
+    std::atomic<uint64_t>& summary = startedSummary(tree_.nodeOf(level, member));
+    uint64_t held = summary.load(std::memory_order_seq_cst);
+    while (held < lowest && !summary.compare_exchange_weak(held, lowest, std::memory_order_seq_cst)) {
+    }
+    if (held >= lowest) return;  // another rank raised it at least this far, and carries it up
+    member = tree_.parentMember(member);
+  }
 }
 
 bool ShmGroup::peersStarted(uint64_t seq, std::chrono::microseconds within) const {
   const auto giveUp = Clock::now() + std::min(within, spin_);
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
-    for (unsigned i = 1; control(peer).startedSeq.load(std::memory_order_acquire) < seq; ++i) {
+  auto startedBy = [&](const std::atomic<uint64_t>& word) {
+    for (unsigned i = 1; word.load(std::memory_order_acquire) < seq; ++i) {
       cpuRelax();
       if (i % 64 == 0) {
         if (Clock::now() >= giveUp) return false;
         if (i % 1024 == 0) sched_yield();  // more ranks than cores: let the peer run
       }
     }
+    return true;
+  };
+  if (tree_.levels() > 0) return startedBy(startedSummary(tree_.nodeCount() - 1));  // the root's
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_ && !startedBy(control(peer).startedSeq)) return false;
   }
   return true;
 }

@@ -1,8 +1,9 @@
 // The shared-memory state of one process group whose ranks share a host, and the step protocol
 // the shared-memory algorithms (shm_algorithms.hpp) are written against.
 //
-// Layout of the segment (segment.hpp): three GroupWake lines (shm_group.cpp), one RankControl per
-// rank (its own cache lines), then per
+// Layout of the segment (segment.hpp): three GroupWake lines (shm_group.cpp), the arrival tree's
+// lines when there is one (per node: a `posted` and a `consumed` counter, a started summary), one
+// RankControl per rank (its own cache lines), then per
 // rank two slot buffers of chunkBytes() each. Only the owner writes its control block and its
 // buffers' contents (except the in-place reduction of its own slice, also by the owner).
 //
@@ -38,7 +39,7 @@
 // the group's word for that flag, which only the last rank to arrive bumps: one wake-up per
 // waiter per step, however many ranks share the cores (GroupWake in shm_group.cpp).
 //
-// Arrival tree (DDPLITE_SHM_SYNC; past 16 ranks by default): "every rank has posted / consumed
+// Arrival tree (DDPLITE_SHM_SYNC; by default from 3 ranks on a host): "every rank has posted / consumed
 // step s" is learnt from one word per flag kind (GroupWake::treeReached) instead of P-1 flags.
 // A rank stores its flag as above (per-peer waits and diagnostics still read it), then arrives
 // at the tree (arrival_tree.hpp): fetch_add (acq_rel) on its node's counter for the step's
@@ -46,7 +47,9 @@
 // parent; the one that completes the root stores treeReached = s (seq_cst) and, finding sleepers,
 // bumps the group's word. A completer also compares the fingerprints of its node's members (their
 // lowest ranks) and records the first disagreement (treeMismatch, compare-exchange), so every
-// rank raises the mismatch after the step without reading P headers. Waits for the whole group
+// rank raises the mismatch after the step without reading P headers. The root's completer of a
+// step posted with postCombining() also combines the step's data (a small all_reduce) before it
+// stores treeReached, which publishes the result with the step. Waits for the whole group
 // return only on treeReached: a tree wait happens-after every arrival of the step, every reset
 // included, and no rank arrives for step s+2 at a counter of the same parity before such a wait
 // (beginStep waits for consumed s first), so a counter never mixes two steps. Only `posted` and
@@ -63,6 +66,8 @@
 #include "cpu/shm/arrival_tree.hpp"
 #include "cpu/shm/segment.hpp"
 #include "cpu/transport/transport.hpp"
+
+#include <c10/util/FunctionRef.h>
 
 #include <atomic>
 #include <cstdint>
@@ -105,6 +110,16 @@ class ShmGroup {
 
   // This rank's flags (the fingerprint of the current step is published with `posted`).
   void post(uint32_t step, uint64_t stepBytes);
+  // Combining on arrival (with an arrival tree only: combinesOnArrival()). post(), and the rank
+  // whose arrival completes the tree for `step` calls `combine` before it releases the step: every
+  // rank's data and fingerprint for `step` are visible to it then. `combine` must leave the step's
+  // result in that rank's own buffer for `step`; it is skipped when a completer recorded a
+  // mismatch (every rank raises instead). After waitAllPosted(step), combinedBy(step) names the
+  // rank whose buffer holds the result. So a small all_reduce reads P*S bytes on one rank and S on
+  // the others, instead of P*S on every rank. Collective thread.
+  bool combinesOnArrival() const { return treeSync(Flag::kPosted); }
+  void postCombining(uint32_t step, uint64_t stepBytes, c10::function_ref<void()> combine);
+  int combinedBy(uint32_t step) const;
   void markReduced(uint32_t step);
   void markConsumed(uint32_t step);
 
@@ -124,7 +139,12 @@ class ShmGroup {
   // Op-level progress, a hint for running small ops on the calling thread (Worker): this rank
   // has started op `seq` (called when it starts running it, on whichever thread); and whether
   // every peer has started op `seq`, waiting for it at most `within`. Nothing depends on it for
-  // correctness. Written by the owner with release, read with acquire.
+  // correctness. Flat: each rank's startedSeq, stored seq_cst by its owner, read by the others
+  // (P-1 reads per question). With an arrival tree, a summary per tree node: the lowest
+  // startedSeq under it as some rank last saw it, only ever raised (compare-exchange), so the
+  // question reads one word (the root's); markStarted() reads the k members of each node on its
+  // way up (k log_k P reads) and stops where the node already held that much (see
+  // summariseStarted in shm_group.cpp for why the last of racing ranks always carries it up).
   void markStarted(uint64_t seq);
   bool peersStarted(uint64_t seq, std::chrono::microseconds within) const;
 
@@ -158,6 +178,7 @@ class ShmGroup {
   struct RankControl;
   struct GroupWake;
   struct TreeNode;
+  struct StartedSummary;
   enum class Flag { kPosted, kReduced, kConsumed };
   static constexpr int kFlagKinds = 3;
   static size_t groupWakeBytes();  // the GroupWake lines at the start of the segment
@@ -172,6 +193,14 @@ class ShmGroup {
   TreeNode& treeNode(Flag which, int node) const;
   // The tree part of publish(): arrive for `step`, carry completed nodes up, release at the root.
   void arrive(Flag which, uint32_t step);
+  // At the root of `posted`, before the release: runs the step's combiner (postCombining).
+  void combineAtRoot(uint32_t step);
+  // markStarted with an arrival tree: raises the summaries of this rank's nodes, bottom up.
+  void summariseStarted(uint64_t seq);
+  // The value of `member` of `level` for the started summary: a rank's startedSeq (level 0) or
+  // the summary of a node of the level below.
+  uint64_t startedOf(int level, int member) const;
+  std::atomic<uint64_t>& startedSummary(int node) const;
   // A completer's check of its node's members' fingerprints for `step` (posted only).
   void compareMembers(int level, int member, uint32_t step);
   // waitForAll through the tree: returns once treeReached reaches `target`.
@@ -185,6 +214,9 @@ class ShmGroup {
   void lookAtMissingPeers(Flag which, uint32_t target) const;
   // Throws kPeerClosed when `peer` is gone while its `which` flag is still short of `target`.
   void throwIfPeerGone(int peer, Flag which, uint32_t target) const;
+  // The kPeerClosed error for `peer`, gone (`hungUp`: its connection closed; else its process
+  // ended) while this rank `waited` ("waited for it to post its data for step 3 of ...").
+  [[noreturn]] void throwPeerGone(int peer, bool hungUp, const std::string& waited) const;
   [[noreturn]] void throwTreeTimeout(Flag which, uint32_t target) const;
   std::atomic<uint32_t>& flag(int owner, Flag which) const;
   // Stores this rank's flag and wakes who waits for it: waiters for this rank alone, and, when
@@ -237,6 +269,8 @@ class ShmGroup {
   std::atomic<bool> aborted_{false};
   uint32_t step_ = 0;
   Fingerprint current_;  // of the step in progress
+  // postCombining's combiner while its post() runs (null otherwise): arrive() runs it at the root.
+  const c10::function_ref<void()>* combine_ = nullptr;
   struct DeferredCheck {
     bool pending = false;  // every step number is valid (they wrap), so a flag says "none"
     uint32_t step = 0;
