@@ -10,7 +10,8 @@ structure. The --net-* and --host-* values are assumptions: there is no network 
 
 Per path (S bytes, P ranks; L per host, H hosts; x = processes per core):
   shared memory:  t = syncs(S) σ + bytes read and written x β_mem (per core; capped by the host)
-                  σ = A_shm + w_shm (x - 1) when x > 1 (wake-ups), else A_shm + (L - 2) t_line
+                  σ = A_shm + w_shm (x - 1) when x > 1 (wake-ups), else A_shm + lines t_line:
+                  lines = L - 2 flat (2 ranks), k ceil(log_k L) through the arrival tree (3 ranks on)
   TCP (selector): butterfly up to 128 KiB at 2 ranks, 16 KiB at 3-7, 8 KiB x P (<= 512 KiB) from 8: log2 p2
                   steps of S (+2 folds);
                   ring above: 2(P-1) steps per round of P x 256 KiB, 2(P-1)/P S sent per rank
@@ -32,6 +33,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KIB, MIB = 1 << 10, 1 << 20
 SHM_CHUNK = 512 * KIB     # DDPLITE_SHM_CHUNK_BYTES default (csrc/common/env.cpp)
 SHM_SMALL = 16 * KIB      # shm allreduce reduces all P buffers up to here (csrc/cpu/shm/allreduce.cpp)
+SHM_FLAT_UP_TO = 2        # DDPLITE_SHM_SYNC=auto: flat waits up to here, the arrival tree above (env.cpp)
+SHM_TREE_FAN_IN = 8       # DDPLITE_SHM_TREE_FANIN default
 RING_SEGMENT = 256 * KIB  # DDPLITE_RING_SEGMENT_BYTES default
 SIZES = (8, 64 * KIB, 16 * MIB)
 LAYOUTS = ((16, 64), (128, 64))  # (hosts, ranks per host)
@@ -87,8 +90,20 @@ def tcp_plan(nbytes, ranks, algorithm=None):
     return rounds * 2 * (ranks - 1), 2 * (ranks - 1) / ranks * nbytes, (ranks - 1) / ranks * nbytes
 
 
+def tree_levels(ranks):
+    """Levels of the arrival tree (arrival_tree.hpp); 0 when the group waits flat."""
+    if ranks <= SHM_FLAT_UP_TO:
+        return 0
+    levels, count = 0, ranks
+    while count > 1:
+        count, levels = -(-count // SHM_TREE_FAN_IN), levels + 1
+    return levels
+
+
 def shm_allreduce_traffic(nbytes, ranks):
     """(syncs, bytes the busiest rank reads + writes, all ranks' bytes): allreduce.cpp's header."""
+    if nbytes <= SHM_SMALL and tree_levels(ranks) > 0:  # combined on arrival: one rank reads all P
+        return 1, (ranks + 3) * nbytes, (ranks + 3) * nbytes + (ranks - 1) * 3 * nbytes
     if nbytes <= SHM_SMALL:
         return 1, (ranks + 2) * nbytes, ranks * (ranks + 2) * nbytes
     per_rank = 5 * nbytes + nbytes / ranks
@@ -135,7 +150,9 @@ def sync_s(c, host, ranks):
     x = host["procs"] / host["cores"]
     if x > 1:
         return (c["A_shm_us"] + c["w_shm_us"] * (x - 1)) * 1e-6
-    return (c["A_shm_us"] + max(0, ranks - 2) * host["line_us"]) * 1e-6
+    levels = tree_levels(ranks)
+    lines = levels * min(SHM_TREE_FAN_IN, ranks) if levels else max(0, ranks - 2)  # k arrivals share a line
+    return (c["A_shm_us"] + lines * host["line_us"]) * 1e-6
 
 
 def memory_s(c, host, busiest, total):
@@ -326,7 +343,12 @@ def store_set_up_before(ranks, per_host, across):
 
 def resources(ranks, per_host):
     across = ranks > per_host
-    group = 3 * 64 + 256 * per_host + 2 * SHM_CHUNK * per_host  # shm_group.cpp: wake lines, controls, buffers
+    nodes, count = 0, per_host
+    while tree_levels(per_host) and count > 1:
+        count = -(-count // SHM_TREE_FAN_IN)
+        nodes += count
+    # shm_group.cpp: wake lines, the tree's 3 lines per node, controls, buffers
+    group = 3 * 64 + 3 * 64 * nodes + 256 * per_host + 2 * SHM_CHUNK * per_host
     ring = min(256 * KIB, max(16 * KIB, 16 * MIB // per_host ** 2 // 4096 * 4096))  # channels.cpp ringBytesFor
     channels = 128 * per_host + per_host ** 2 * (128 + ring)  # rank states, ring heads, rings
     sockets = connected_peers(ranks, per_host)
@@ -382,8 +404,8 @@ def report(c, checked, predicted, resource_rows, options):
     table(["case (not fitted on)", "predicted", "measured", "predicted / measured"],
           [(what, text(model), text(real), f"{model / real:.2f}") for what, model, real in checked])
     print(f"\nASSUMED: network {options.net_alpha_us} us per step and {options.net_gbps} GB/s per host; hosts of "
-          f"{options.host_cores} cores and {options.host_mem_gbps} GB/s of memory; {options.shm_line_us} us per sync "
-          "per rank past 2. 'veth' takes α_tcp, β_tcp fitted here for the network instead.")
+          f"{options.host_cores} cores and {options.host_mem_gbps} GB/s of memory; {options.shm_line_us} us per "
+          "cache line a sync touches (flat: each rank past 2; tree: k per level). 'veth' takes α_tcp, β_tcp fitted here for the network instead.")
     table(["ranks", "size", "hierarchical", "in hosts", "leader's bytes alone", "leaders' TCP", "leaders, butterfly",
            "hierarchical, veth", "flat TCP", "one host of 64"],
           [(f"{p['ranks']:,} ({p['hosts']}x64)", format_size(p["bytes"]), text(p["hierarchical_s"]),
@@ -407,7 +429,7 @@ def main():
     parser.add_argument("--net-gbps", type=float, default=3.0, help="ASSUMED GB/s per host's NIC (25 GbE)")
     parser.add_argument("--host-cores", type=int, default=64, help="ASSUMED cores per host")
     parser.add_argument("--host-mem-gbps", type=float, default=100.0, help="ASSUMED memory bandwidth per host")
-    parser.add_argument("--shm-line-us", type=float, default=0.1, help="ASSUMED sync cost per rank past 2, x <= 1")
+    parser.add_argument("--shm-line-us", type=float, default=0.1, help="ASSUMED sync cost per cache line a sync touches, x <= 1")
     parser.add_argument("--json", help="write constants, checks, predictions and resources here")
     options = parser.parse_args()
     c = fit_constants()
