@@ -1,9 +1,11 @@
 // Python bindings (pybind only; no logic here).
 #include "backend/backend.hpp"
 #include "common/env.hpp"
+#include "common/numa.hpp"
 #include "common/process_identity.hpp"
 #include "cpu/algorithms/selector.hpp"
 #include "cpu/reduce/reduce_kernels.hpp"
+#include "cpu/shm/arrival_tree.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
 #include "cpu/transport/auth.hpp"
 #include "cpu/transport/net_iface.hpp"
@@ -465,4 +467,45 @@ PYBIND11_MODULE(_C, m) {
         return py::bytes(reinterpret_cast<const char*>(digest.data()), digest.size());
       },
       py::arg("key"), py::arg("message"), "HMAC-SHA256 as the TCP meshes' handshake computes it (cpu/transport/auth.hpp).");
+  m.def("numa_node_of_this_process", &ddplite::numaNodeOfThisProcess,
+        "The NUMA node every CPU of this process's affinity mask is on; -1 when they span several or "
+        "this cannot be told (common/numa.hpp).");
+  m.def(
+      "arrival_tree_shape",
+      [](int ranks, int fanIn, const std::vector<int>& domains) {
+        if (ranks < 1 || ranks > 65536 || fanIn < 2 || fanIn > 64) {
+          throw py::value_error("arrival_tree_shape: ranks must be 1 to 65536 and fan_in 2 to 64");
+        }
+        const ddplite::cpu::ArrivalTree tree(ranks, fanIn, domains);
+        py::list leaves;  // the ranks arriving at each node of level 0, in position order
+        py::list representatives;  // per level, the rank standing for each member (compareMembers)
+        for (int level = 0; level < tree.levels(); ++level) {
+          py::list row;
+          for (int member = 0; member < tree.membersAt(level); ++member) {
+            row.append(level == 0 ? tree.rankAt(member) : tree.representative(level, member));
+          }
+          representatives.append(row);
+        }
+        if (tree.levels() > 0) {
+          for (int first = 0; first < tree.membersAt(0); first += fanIn) {
+            py::list members;
+            for (int position = first; position < first + tree.membersOf(0, first); ++position) {
+              members.append(tree.rankAt(position));
+            }
+            leaves.append(members);
+          }
+        }
+        py::dict shape;
+        shape["levels"] = tree.levels();
+        shape["node_count"] = tree.nodeCount();
+        shape["capacity"] = ddplite::cpu::ArrivalTree::nodeCapacity(ranks, fanIn);
+        shape["numa_nodes"] = tree.domainCount();
+        shape["leaves"] = leaves;
+        shape["representatives"] = representatives;
+        return shape;
+      },
+      py::arg("ranks"), py::arg("fan_in"), py::arg("domains"),
+      "The arrival tree a shared-memory group of `ranks` builds with `fan_in` and these NUMA nodes per rank "
+      "(cpu/shm/arrival_tree.hpp): levels, nodes, the segment's capacity, the ranks of each level-0 node "
+      "and each level's representatives (-1: a gap).");
 }

@@ -343,7 +343,8 @@ def store_set_up_before(ranks, per_host, across):
 
 def resources(ranks, per_host):
     across = ranks > per_host
-    nodes, count = 0, per_host
+    # the tree's room for any NUMA layout (ArrivalTree::nodeCapacity)
+    nodes, count = 0, per_host + (SHM_TREE_FAN_IN - 1) * (per_host - 1)
     while tree_levels(per_host) and count > 1:
         count = -(-count // SHM_TREE_FAN_IN)
         nodes += count

@@ -159,3 +159,125 @@ def test_a_small_op_runs_on_the_caller_only_once_every_peer_started(sync, world_
     assert True in results[0]["all started"], results[0]  # a "no" every time: the summary never got there
     assert results[0]["one late"] == [False] * 3, results[0]  # a "yes": it ran ahead of the late rank
     assert all(result["sums right"] for result in results), results
+
+
+# NUMA: level 0 of the tree is formed within each NUMA node (arrival_tree.hpp). This VM has one
+# node, so the layout is synthetic here: the shape through the extension, and whole jobs whose ranks
+# say they run on node r % 2 (DDPLITE_TEST_HOOKS=shm_numa_nodes=2).
+
+def tree_shape(ranks, fan_in, domains):
+    import torch_ddp_lite
+
+    return torch_ddp_lite._load_extension().arrival_tree_shape(ranks, fan_in, domains)
+
+
+@pytest.mark.parametrize("ranks,fan_in,domains,leaves", [
+    (8, 2, [], [[0, 1], [2, 3], [4, 5], [6, 7]]),
+    (8, 2, [0] * 8, [[0, 1], [2, 3], [4, 5], [6, 7]]),
+    (8, 2, [r % 2 for r in range(8)], [[0, 2], [4, 6], [1, 3], [5, 7]]),
+    (5, 4, [0, 1, 0, 1, 0], [[0, 2, 4], [1, 3]]),
+    (6, 4, [-1, 0, 0, 1, 1, 1], [[0, 1, 2, 3], [4, 5]]),  # a rank not pinned: no grouping
+    (3, 8, [1, 0, 1], [[1], [0, 2]]),
+])
+def test_level_zero_of_the_tree_stays_within_a_numa_node(ranks, fan_in, domains, leaves):
+    shape = tree_shape(ranks, fan_in, domains)
+    assert shape["leaves"] == leaves, shape
+    grouped = domains and min(domains) >= 0 and len(set(domains)) > 1
+    assert shape["numa_nodes"] == (len(set(domains)) if grouped else 1), shape
+
+
+def test_any_numa_layout_fits_the_segment_and_keeps_every_rank_once():
+    """The segment is laid out before the ranks' nodes are known (ArrivalTree::nodeCapacity): no
+    layout may need more nodes. Every rank arrives at exactly one leaf, leaves never mix NUMA nodes,
+    a NUMA node of n ranks fills ceil(n / k) leaves, and above level 0 every member has a rank to
+    stand for it (a completer compares their fingerprints)."""
+    import random
+
+    rng = random.Random(7)
+    layouts = [(64, 8, list(range(64))), (64, 2, list(range(64))), (2, 64, [0, 1])]
+    for _ in range(400):
+        ranks = rng.randint(2, 80)
+        layouts.append((ranks, rng.randint(2, 9), [rng.randint(-1, rng.randint(0, 6)) for _ in range(ranks)]))
+    for ranks, fan_in, domains in layouts:
+        shape = tree_shape(ranks, fan_in, domains)
+        assert shape["node_count"] <= shape["capacity"], (ranks, fan_in, domains, shape)
+        leaves = shape["leaves"]
+        assert sorted(r for leaf in leaves for r in leaf) == list(range(ranks)), (ranks, fan_in, domains, leaves)
+        if min(domains) < 0:  # a rank not pinned: ranks in order, as on one node
+            assert leaves == [list(range(f, min(f + fan_in, ranks))) for f in range(0, ranks, fan_in)], leaves
+            continue
+        assert all(len({domains[r] for r in leaf}) == 1 for leaf in leaves), (domains, leaves)
+        for node in set(domains):
+            count = domains.count(node)
+            assert sum(1 for leaf in leaves if domains[leaf[0]] == node) == -(-count // fan_in), (domains, leaves)
+        assert all(-1 not in row for row in shape["representatives"][1:]), shape
+
+
+def numa_node_from_sys():
+    """numaNodeOfThisProcess's answer, from /sys and the affinity mask."""
+    import os
+
+    nodes = set()
+    for cpu in os.sched_getaffinity(0):
+        folder = f"/sys/devices/system/cpu/cpu{cpu}"
+        entries = [e for e in os.listdir(folder) if re.fullmatch(r"node\d+", e)] if os.path.isdir(folder) else []
+        nodes.add(int(entries[0][4:]) if entries else -1)
+    return nodes.pop() if len(nodes) == 1 and -1 not in nodes else -1
+
+
+def test_numa_node_of_this_process_follows_the_affinity_mask():
+    import glob
+    import os
+
+    import torch_ddp_lite
+
+    ext = torch_ddp_lite._load_extension()
+    allowed = os.sched_getaffinity(0)
+    try:
+        assert ext.numa_node_of_this_process() == numa_node_from_sys()
+        for cpu in sorted(allowed):  # pinned to one CPU: that CPU's node
+            os.sched_setaffinity(0, {cpu})
+            assert ext.numa_node_of_this_process() == numa_node_from_sys(), cpu
+            if glob.glob(f"/sys/devices/system/cpu/cpu{cpu}/node*"):  # sysfs names its node: found
+                assert ext.numa_node_of_this_process() >= 0, cpu
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+NUMA = dict(TREE, DDPLITE_TEST_HOOKS="shm_numa_nodes=2")
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "broadcast", "reduce_scatter", "allgather"])
+def test_sweep_with_ranks_on_two_numa_nodes(collective):
+    """5 ranks, fan-in 2, ranks 0, 2, 4 on node 0 and 1, 3 on node 1: leaves {0,2} {4} {1,3}."""
+    results = run_ranks(sweeps.SWEEPS[collective], 5, COUNTS, env=NUMA, timeout_s=300)
+    for result in results:
+        assert result["failures"] == [], "\n".join(result["failures"][:20])
+        assert result["checked"] >= len(workers.DTYPES) * len(COUNTS)
+
+
+def test_cpu_path_names_the_numa_nodes():
+    results = run_ranks(shm_workers.sync_description, 5, env=NUMA)
+    for result in results:
+        assert "steps synchronise through an arrival tree (fan-in 2, 3 levels; level 0 within each of 2 NUMA " \
+               "nodes)" in result["path"][1], result
+        assert result["sum"] == [15.0] * 5
+
+
+@pytest.mark.parametrize("world_size,odd_rank", [(4, 1), (4, 2), (5, 4)])
+def test_one_rank_in_another_collective_is_named_across_numa_nodes(world_size, odd_rank):
+    """At 5 ranks rank 4 is alone in its leaf ({0,2} {4} {1,3}): only level 1 compares it, through
+    the rank standing for that leaf."""
+    results = run_ranks(shm_workers.one_rank_differs, world_size, odd_rank, "dtypes", env=NUMA, pg_timeout_s=20)
+    for rank, result in enumerate(results):
+        assert result.get("raised") == "DistBackendError", (rank, result)
+        named = int(re.match(r"rank (\d+) \(pid", result["message"].split("collective mismatch: ", 1)[1]).group(1))
+        assert (named != odd_rank) if rank == odd_rank else (named == odd_rank), (rank, result["message"])
+
+
+def test_the_started_hint_with_ranks_on_two_numa_nodes():
+    results = run_ranks(shm_workers.inline_once_every_peer_started, 5, 3, 3, env=NUMA, pg_timeout_s=20,
+                        timeout_s=120)
+    assert True in results[0]["all started"], results[0]
+    assert results[0]["one late"] == [False] * 3, results[0]
+    assert all(result["sums right"] for result in results), results

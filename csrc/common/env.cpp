@@ -389,8 +389,8 @@ TestHooks testHooks() {
   const char* value = rawValue(kTestHooks);
   if (value == nullptr) return hooks;
   const std::string allowed =
-      "use 'shm_first_step=<n>', 'shm_fault=<rank>:<seq>', 'shm_exit_unarrived=<rank>:<seq>' and/or "
-      "'shm_stall_attach=<rank>', comma-separated "
+      "use 'shm_first_step=<n>', 'shm_fault=<rank>:<seq>', 'shm_exit_unarrived=<rank>:<seq>', "
+      "'shm_numa_nodes=<m>' and/or 'shm_stall_attach=<rank>', comma-separated "
       "(unset: none)";
   std::string spec(value);
   size_t begin = 0;
@@ -402,6 +402,9 @@ TestHooks testHooks() {
     if (std::sscanf(item.c_str(), "shm_first_step=%llu%n", &a, &used) == 1 && used == static_cast<int>(item.size()) &&
         a <= UINT32_MAX) {
       hooks.shmFirstStep = static_cast<uint32_t>(a);
+    } else if (std::sscanf(item.c_str(), "shm_numa_nodes=%llu%n", &a, &used) == 1 &&
+               used == static_cast<int>(item.size()) && a > 0 && a <= 1024) {
+      hooks.shmNumaNodes = static_cast<int>(a);
     } else if (std::sscanf(item.c_str(), "shm_stall_attach=%llu%n", &a, &used) == 1 &&
                used == static_cast<int>(item.size())) {
       hooks.shmStallAttach = static_cast<int>(a);

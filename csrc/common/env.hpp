@@ -121,6 +121,7 @@ struct TestHooks {
   int shmStallAttach = -1;    // this group rank never attaches the segment (it sleeps; tests kill it)
   int shmExitUnarrivedRank = -1;    // this group rank kills itself (SIGKILL) between its posted flag ...
   uint64_t shmExitUnarrivedSeq = 0;  // ... and its arrival at the arrival tree, in collective #seq (0: never)
+  int shmNumaNodes = 0;  // m > 0: rank r of a shared-memory group says it runs on NUMA node r % m (synthetic topology)
 };
 TestHooks testHooks();
 

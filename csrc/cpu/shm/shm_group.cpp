@@ -2,6 +2,7 @@
 
 #include "common/env.hpp"
 #include "common/errors.hpp"
+#include "common/numa.hpp"
 #include "common/process_identity.hpp"
 #include "cpu/shm/futex_wait.hpp"
 
@@ -67,6 +68,9 @@ struct alignas(kAlignment) ShmGroup::RankControl {
   // Written once at set-up, before the store exchange; read by a waiter's liveness look (every
   // 50 ms of a long wait), so it may share the waiters' line: no hot path touches it.
   ProcessIdentity process;
+  // This rank's NUMA node (numaNodeOfThisProcess; -1: not pinned to one), written once at set-up
+  // like `process`; every rank reads all of them once, after the barrier, to shape the tree.
+  int32_t numaNode;
 };
 
 // Where waiters for every peer at once sleep (waitForAll), one per flag kind, each on a cache line
@@ -109,8 +113,8 @@ size_t ShmGroup::groupWakeBytes() {
   return roundUp(sizeof(GroupWake) * kFlagKinds, kAlignment);
 }
 
-size_t ShmGroup::treeBytes(const ArrivalTree& tree) {
-  const size_t nodes = static_cast<size_t>(tree.nodeCount());
+size_t ShmGroup::treeBytes(int treeCapacity) {
+  const size_t nodes = static_cast<size_t>(treeCapacity);
   return sizeof(TreeNode) * nodes * 2 + sizeof(StartedSummary) * nodes;  // posted and consumed; summaries
 }
 
@@ -118,8 +122,11 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
                                            size_t chunkBytes, std::string* whyNot, bool* spansHosts,
                                            std::vector<int> processGroupRanks) {
   chunkBytes = roundUp(chunkBytes, kAlignment);
-  ArrivalTree tree(size, env::shmTreeFanIn(size));
-  const size_t bytes = groupWakeBytes() + treeBytes(tree) + roundUp(sizeof(RankControl) * size, kAlignment) + 2 * chunkBytes * size;
+  const int fanIn = env::shmTreeFanIn(size);
+  // Laid out for any shape (the ranks' NUMA nodes are learnt through the segment itself).
+  const int treeCapacity = ArrivalTree::nodeCapacity(size, fanIn);
+  const size_t bytes = groupWakeBytes() + treeBytes(treeCapacity) + roundUp(sizeof(RankControl) * size, kAlignment) +
+                       2 * chunkBytes * size;
   if (chunkBytes > kMaxChunkBytes) {  // env.cpp caps the knob; this keeps the size arithmetic exact
     *whyNot = strCat("a chunk of ", chunkBytes, " bytes is over the ", kMaxChunkBytes, "-byte limit");
     return nullptr;
@@ -131,11 +138,12 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
     return nullptr;
   }
   std::unique_ptr<ShmGroup> group(
-      new ShmGroup(std::move(outcome.segment), liveness, rank, size, chunkBytes, std::move(tree)));
+      new ShmGroup(std::move(outcome.segment), liveness, rank, size, chunkBytes, treeCapacity));
   group->processGroupRanks_ = std::move(processGroupRanks);
   RankControl& mine = group->control(rank);
   mine.process = ProcessIdentity::ofThisProcess();
   const env::TestHooks hooks = env::testHooks();
+  mine.numaNode = hooks.shmNumaNodes > 0 ? rank % hooks.shmNumaNodes : numaNodeOfThisProcess();
   group->step_ = hooks.shmFirstStep;  // every flag "at" the step before the first
   for (auto& word : mine.flags) word.store(hooks.shmFirstStep, std::memory_order_relaxed);
   // Every rank stores the same value; nobody reads it before the barrier below.
@@ -147,18 +155,25 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
   // Every rank's process identity and first flags are visible to the others after this store
   // round trip (plain fields written before it, read only after it).
   rendezvous.barrier("shm/ready/", rank, size, "", "every rank to map shared memory");
+  if (fanIn >= 2) {  // every rank reads the same nodes, so every rank builds the same tree
+    std::vector<int> domains(static_cast<size_t>(size));
+    for (int owner = 0; owner < size; ++owner) domains[static_cast<size_t>(owner)] = group->control(owner).numaNode;
+    group->tree_ = ArrivalTree(size, fanIn, domains);
+    TORCH_INTERNAL_ASSERT(group->tree_.nodeCount() <= treeCapacity, "arrival tree over its capacity");
+  }
   return group;
 }
 
 ShmGroup::ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int rank, int size, size_t chunkBytes,
-                   ArrivalTree tree)
+                   int treeCapacity)
     : segment_(std::move(segment)),
       liveness_(liveness),
       rank_(rank),
       size_(size),
       chunkBytes_(chunkBytes),
-      tree_(std::move(tree)),
-      controlsOffset_(groupWakeBytes() + treeBytes(tree_)),
+      tree_(size, 0),
+      treeCapacity_(treeCapacity),
+      controlsOffset_(groupWakeBytes() + treeBytes(treeCapacity)),
       spin_(size <= usableCpus() ? kSpin : std::chrono::microseconds(0)) {
   static_assert(sizeof(RankControl) == 4 * kAlignment, "a control block is four cache lines (docs/shared-memory.md)");
 }
@@ -175,13 +190,15 @@ ShmGroup::GroupWake& ShmGroup::groupWake(Flag which) const {
 
 ShmGroup::TreeNode& ShmGroup::treeNode(Flag which, int node) const {
   const int kind = which == Flag::kPosted ? 0 : 1;
-  return reinterpret_cast<TreeNode*>(segment_->base() + groupWakeBytes())[kind * tree_.nodeCount() + node];
+  return reinterpret_cast<TreeNode*>(segment_->base() + groupWakeBytes())[kind * treeCapacity_ + node];
 }
 
 std::string ShmGroup::syncDescription() const {
   if (!tree_.enabled()) return "flat waits (each rank reads every peer's flag at every step)";
+  std::string numa;
+  if (tree_.domainCount() > 1) numa = strCat("; level 0 within each of ", tree_.domainCount(), " NUMA nodes");
   return strCat("an arrival tree (fan-in ", tree_.fanIn(), ", ", tree_.levels(), tree_.levels() == 1 ? " level" : " levels",
-                ")");
+                numa, ")");
 }
 
 std::atomic<uint32_t>& ShmGroup::flag(int owner, Flag which) const {
@@ -229,7 +246,7 @@ void ShmGroup::publish(Flag which, uint32_t step) {
 }
 
 void ShmGroup::arrive(Flag which, uint32_t step) {
-  int member = rank_;
+  int member = tree_.positionOf(rank_);
   for (int level = 0; level < tree_.levels(); ++level) {
     std::atomic<uint32_t>& count = treeNode(which, tree_.nodeOf(level, member)).arrivals[step & 1];
     // acq_rel: releases this rank's data, flag and header (and, for a completer, every arrival it
@@ -623,12 +640,12 @@ void ShmGroup::markStarted(uint64_t seq) {
 }
 
 std::atomic<uint64_t>& ShmGroup::startedSummary(int node) const {
-  const size_t counters = sizeof(TreeNode) * static_cast<size_t>(tree_.nodeCount()) * 2;
+  const size_t counters = sizeof(TreeNode) * static_cast<size_t>(treeCapacity_) * 2;
   return reinterpret_cast<StartedSummary*>(segment_->base() + groupWakeBytes() + counters)[node].lowest;
 }
 
 uint64_t ShmGroup::startedOf(int level, int member) const {
-  if (level == 0) return control(member).startedSeq.load(std::memory_order_seq_cst);
+  if (level == 0) return control(tree_.rankAt(member)).startedSeq.load(std::memory_order_seq_cst);
   return startedSummary(tree_.nodeIndex(level - 1, member)).load(std::memory_order_seq_cst);
 }
 
@@ -641,7 +658,7 @@ uint64_t ShmGroup::startedOf(int level, int member) const {
 // So once every rank has started `seq`, the root's summary reaches `seq` (as a flat look would see
 // every peer's), and it never exceeds the lowest startedSeq of the group.
 void ShmGroup::summariseStarted(uint64_t seq) {
-  int member = rank_;
+  int member = tree_.positionOf(rank_);
   for (int level = 0; level < tree_.levels(); ++level) {
     const int first = tree_.firstMemberOf(member);
     uint64_t lowest = seq;

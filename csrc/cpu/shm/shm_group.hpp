@@ -45,8 +45,8 @@
 // at the tree (arrival_tree.hpp): fetch_add (acq_rel) on its node's counter for the step's
 // parity; the arrival that completes a node resets that counter (relaxed) and arrives at the
 // parent; the one that completes the root stores treeReached = s (seq_cst) and, finding sleepers,
-// bumps the group's word. A completer also compares the fingerprints of its node's members (their
-// lowest ranks) and records the first disagreement (treeMismatch, compare-exchange), so every
+// bumps the group's word. A completer also compares the fingerprints of its node's members (a rank
+// under each: ArrivalTree::representative) and records the first disagreement (treeMismatch, compare-exchange), so every
 // rank raises the mismatch after the step without reading P headers. The root's completer of a
 // step posted with postCombining() also combines the step's data (a small all_reduce) before it
 // stores treeReached, which publishes the result with the step. Waits for the whole group
@@ -185,8 +185,9 @@ class ShmGroup {
   GroupWake& groupWake(Flag which) const;
 
   ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int rank, int size, size_t chunkBytes,
-           ArrivalTree tree);
-  static size_t treeBytes(const ArrivalTree& tree);  // the tree's counters, after the GroupWake lines
+           int treeCapacity);
+  // The tree's lines for up to `treeCapacity` nodes (ArrivalTree::nodeCapacity), after the GroupWake lines.
+  static size_t treeBytes(int treeCapacity);
   RankControl& control(int owner) const;
   // Whether waits for every rank's `which` go through the arrival tree.
   bool treeSync(Flag which) const { return tree_.enabled() && which != Flag::kReduced; }
@@ -261,8 +262,9 @@ class ShmGroup {
   const int size_;
   std::vector<int> processGroupRanks_;  // see create(); empty: the identity
   const size_t chunkBytes_;
-  const ArrivalTree tree_;
-  const size_t controlsOffset_;  // groupWakeBytes() + treeBytes(tree_)
+  ArrivalTree tree_;              // none until create() has read every rank's NUMA node; fixed after
+  const int treeCapacity_;        // nodes the segment has room for
+  const size_t controlsOffset_;  // groupWakeBytes() + treeBytes(treeCapacity_)
   // How long a waiter spins before it blocks (and peersStarted() waits at most): kSpin, or 0 when
   // the group has more ranks than this process has CPUs (spinning would starve the peers).
   const std::chrono::microseconds spin_;
