@@ -482,7 +482,7 @@ PYBIND11_MODULE(_C, m) {
         for (int level = 0; level < tree.levels(); ++level) {
           py::list row;
           for (int member = 0; member < tree.membersAt(level); ++member) {
-            row.append(level == 0 ? tree.rankAt(member) : tree.representative(level, member));
+            row.append(tree.representative(level, member));
           }
           representatives.append(row);
         }

@@ -103,9 +103,7 @@ std::string settingDifferences(const std::vector<std::pair<std::string, std::str
   std::string differences;
   for (const auto& [name, value] : mine) {
     const std::string other = settingIn(theirs, name);
-    // The fan-in is left out under DDPLITE_SHM_SYNC=flat (env::groupWideSettings): that difference
-    // is the sync mode's, named by its own line
-    if (other == value || (other == "?" && name == "DDPLITE_SHM_TREE_FANIN")) continue;
+    if (other == value) continue;
     differences += strCat(differences.empty() ? "" : "; ", name, "='", value, "' here, '", other, "' on rank ", peer);
   }
   return differences;

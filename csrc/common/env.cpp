@@ -300,7 +300,7 @@ std::string cpuTransport() {
 
 std::vector<std::pair<std::string, std::string>> groupWideSettings() {
   const int syncMode = readChoice(kShmSync, kShmSyncModes);
-  std::vector<std::pair<std::string, std::string>> settings{
+  return {
       {kCpuTransport, cpuTransport()},
       {kShmChunkBytes, std::to_string(shmChunkBytes())},
       {kRingSegmentBytes, std::to_string(ringSegmentBytes())},
@@ -309,13 +309,12 @@ std::vector<std::pair<std::string, std::string>> groupWideSettings() {
       {kAuth, authenticateConnections() ? "1" : "0"},
       {kConnect, *(kConnectModes.begin() + readChoice(kConnect, kConnectModes))},
       {kShmSync, *(kShmSyncModes.begin() + syncMode)},
+      // the fan-in shapes nothing when every group waits flat: any value agrees then
+      {kShmTreeFanIn, syncMode == 1 ? std::string("unused (flat)")
+                                    : std::to_string(readBytes(kShmTreeFanIn, kDefaultShmTreeFanIn, 2,
+                                                               kMaximumShmTreeFanIn, "arrivals"))},
       {kCudaStaging, *(kStagings.begin() + readChoice(kCudaStaging, kStagings))},
   };
-  if (syncMode != 1) {  // the fan-in shapes nothing when every group waits flat
-    settings.emplace_back(kShmTreeFanIn, std::to_string(readBytes(kShmTreeFanIn, kDefaultShmTreeFanIn, 2,
-                                                                  kMaximumShmTreeFanIn, "arrivals")));
-  }
-  return settings;
 }
 
 bool detailChecks() {

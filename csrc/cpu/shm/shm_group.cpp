@@ -628,14 +628,22 @@ void ShmGroup::throwTimeout(int peer, Flag which, uint32_t target) const {
                               flag(peer, Flag::kPosted).load(), "; this rank at ", step_, ")"));
 }
 
-void ShmGroup::markStarted(uint64_t seq) {
-  // A compare-exchange, so that two threads of this rank (never at once today: the worker's claim
-  // orders them) could not lower the value a summary already took. seq_cst: summariseStarted.
-  std::atomic<uint64_t>& started = control(rank_).startedSeq;
-  uint64_t held = started.load(std::memory_order_relaxed);
-  while (held < seq && !started.compare_exchange_weak(held, seq, std::memory_order_seq_cst)) {
+namespace {
+
+// Raises `word` to `value` (compare-exchange, seq_cst); false when it already held as much.
+bool raiseTo(std::atomic<uint64_t>& word, uint64_t value) {
+  uint64_t held = word.load(std::memory_order_seq_cst);
+  while (held < value && !word.compare_exchange_weak(held, value, std::memory_order_seq_cst)) {
   }
-  if (held >= seq) return;  // nothing raised: nothing new to summarise
+  return held < value;
+}
+
+}  // namespace
+
+void ShmGroup::markStarted(uint64_t seq) {
+  // Raised, not stored, so that two threads of this rank (never at once today: the worker's claim
+  // orders them) could not lower the value a summary already took. seq_cst: summariseStarted.
+  if (!raiseTo(control(rank_).startedSeq, seq)) return;  // nothing new to summarise
   if (tree_.levels() > 0) summariseStarted(seq);
 }
 
@@ -665,11 +673,8 @@ void ShmGroup::summariseStarted(uint64_t seq) {
     for (int other = first; other < first + tree_.membersOf(level, member); ++other) {
       lowest = std::min(lowest, startedOf(level, other));
     }
-    std::atomic<uint64_t>& summary = startedSummary(tree_.nodeOf(level, member));
-    uint64_t held = summary.load(std::memory_order_seq_cst);
-    while (held < lowest && !summary.compare_exchange_weak(held, lowest, std::memory_order_seq_cst)) {
-    }
-    if (held >= lowest) return;  // another rank raised it at least this far, and carries it up
+    // not raised: another rank raised it at least this far, and carries it up
+    if (!raiseTo(startedSummary(tree_.nodeOf(level, member)), lowest)) return;
     member = tree_.parentMember(member);
   }
 }
