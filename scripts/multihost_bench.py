@@ -13,7 +13,7 @@ the benchmark (rank 0 prints the tables and writes the JSON).
 
 `--check` runs a correctness pass instead of the benchmark: every rank checks all_reduce (1, 1001
 and 3,000,001 floats; int64 MAX), broadcast and reduce from the last rank, all_gather,
-reduce_scatter, a barrier that waits for a late rank and a send/recv ring against their closed
+reduce_scatter, an uneven all_to_all, a barrier that waits for a late rank and a send/recv ring against their closed
 forms, and says which CPU path ran them; the script prints one line per rank and fails if any
 check did. Needs root and `ip netns`. The
 namespaces share this machine's memory and CPUs: the "network" between hosts is a veth pair, so
@@ -67,6 +67,13 @@ expect("all_gather", gathered, torch.arange(1, size + 1, dtype=torch.float32).re
 scattered = torch.empty(5)
 dist.reduce_scatter_tensor(scattered, torch.full((5 * size,), float(rank + 1)))
 expect("reduce_scatter", scattered, torch.full((5,), total))
+# uneven all_to_all: rank r sends rank j (r + j) % 3 elements, all of value 1000 r + j
+send = [(rank + j) % 3 for j in range(size)]
+recv = [(j + rank) % 3 for j in range(size)]
+exchanged = torch.empty(sum(recv))
+dist.all_to_all_single(exchanged, torch.cat([torch.full((n,), float(1000 * rank + j)) for j, n in enumerate(send)]),
+                       recv, send)
+expect("all_to_all", exchanged, torch.cat([torch.full((n,), float(1000 * j + rank)) for j, n in enumerate(recv)]))
 dist.barrier()  # everyone starts the timed barrier together
 started = time.monotonic()
 if rank == size - 1:

@@ -321,7 +321,8 @@ for late in (size - 1, 0):  # a barrier holds every rank until the last one (on 
         time.sleep(0.5)
     dist.barrier()
     outcome[f"barrier_waited_{late}"] = time.monotonic() - started
-for name in ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "reduce_scatter", "gather_scatter"):
+for name in ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "reduce_scatter", "gather_scatter",
+             "alltoall"):
     result = sweeps.SWEEPS[name](rank, size, counts, dtypes)
     outcome[name] = {"failures": result["failures"][:5], "checked": result["checked"]}
 # what the flight recorder says ran each collective, at the default choice
@@ -334,12 +335,18 @@ dist.all_gather_into_tensor(torch.empty(2 * size), torch.ones(2))
 dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * size))
 dist.gather(torch.ones(2), [torch.empty(2) for _ in range(size)] if rank == size - 1 else None, dst=size - 1)
 dist.scatter(torch.empty(2), [torch.ones(2)] * size if rank == 0 else None, src=0)
+dist.all_to_all_single(torch.empty(2 * size), torch.ones(2 * size))
 dist.barrier()
 with open(torch_ddp_lite.dump_flight_recorder(os.path.join(tempfile.mkdtemp(), "trace")), "rb") as dump:
-    outcome["recorded"] = [[e["profiling_name"], e["ddplite_algorithm"]] for e in pickle.load(dump)["entries"][-8:]]
+    outcome["recorded"] = [[e["profiling_name"], e["ddplite_algorithm"]] for e in pickle.load(dump)["entries"][-9:]]
 big = torch.full((3_000_001,), float(rank + 1))  # several 512 KiB chunks inside each host
 dist.all_reduce(big)
 outcome["big"] = bool(torch.equal(big, torch.full_like(big, size * (size + 1) / 2)))
+rows = 200_003  # blocks of 800 KB: several pieces of a 512 KiB chunk in each host's segment
+spread = torch.empty(size * rows)
+dist.all_to_all_single(spread, torch.cat([torch.full((rows,), float(rank * size + j)) for j in range(size)]))
+outcome["big_alltoall"] = bool(torch.equal(spread, torch.cat([torch.full((rows,), float(j * size + rank))
+                                                              for j in range(size)])))
 wide = torch.full((3_000_001,), float(rank + 1))  # from the last rank, through every host's segment
 dist.broadcast(wide, src=size - 1)
 outcome["big_broadcast"] = bool(torch.equal(wide, torch.full_like(wide, float(size))))
@@ -352,9 +359,11 @@ print("OUTCOME " + json.dumps(outcome), flush=True)
 
 @pytest.mark.parametrize("layout,connect", [([0, 0, 1, 1], "auto"), ([0, 1, 0], "on_demand"),
                                             ([0, 0, 0, 1], "on_demand"), ([0, 0, 1, 1], "on_demand"),
+                                            ([0, 1, 0, 2, 1, 2, 2], "on_demand"),
                                             pytest.param([host for host in range(8) for _ in range(2)], "auto",
                                                          marks=pytest.mark.exhaustive)],
-                         ids=["2+2", "2+1-on-demand", "3+1-on-demand", "2+2-on-demand", "8x2"])
+                         ids=["2+2", "2+1-on-demand", "3+1-on-demand", "2+2-on-demand", "2+2+3-interleaved-on-demand",
+                              "8x2"])
 def test_hierarchical_collectives_across_hosts(hosts, layout, connect):
     """A group across hosts whose hosts hold several ranks runs all_reduce, broadcast, reduce (from the
     first and last rank), all_gather, reduce_scatter and barrier, and on demand gather and scatter
@@ -370,10 +379,11 @@ def test_hierarchical_collectives_across_hosts(hosts, layout, connect):
     url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
     env = host_environment("eth0", GLOO_SOCKET_IFNAME="eth0", DDPLITE_CONNECT=connect)
     counts = json.dumps([0, 1, 3, 1000])
-    # Past 8 ranks, 16-bit float and float32 sums of the sweeps' inputs are not exact in every
-    # order, so each summation order rounds its own way (tests/test_many_ranks.py): there the
+    # The sweeps' inputs are bounded so that sums are exact up to 5 ranks (tests/workers.py: 8-bit
+    # integers and float16); past 8 ranks, float32 sums of them are not exact in every order either,
+    # so each summation order rounds its own way (tests/test_many_ranks.py). Past 5 ranks the
     # sweeps keep to dtypes whose sums are exact.
-    dtypes = json.dumps(["int32", "float64"] if len(layout) > 8 else None)
+    dtypes = json.dumps(["int32", "float64"] if len(layout) > 5 else None)
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     jobs = [start(network.run(host, [sys.executable, "-c", HIERARCHY_RANK, url, str(rank), str(len(layout)), counts,
                                      tests_dir, dtypes]), env) for rank, host in enumerate(layout)]
@@ -396,12 +406,14 @@ def test_hierarchical_collectives_across_hosts(hosts, layout, connect):
         for late in (len(layout) - 1, 0):
             assert outcome.pop(f"barrier_waited_{late}") >= 0.45, (rank, late)
         recorded = outcome.pop("recorded")
-        # gather and scatter go through the leaders when the pairs connect on demand, else direct
-        exchanges = "hierarchical" if connect == "on_demand" else "direct"
-        assert [algorithm for _, algorithm in recorded] == ["hierarchical"] * 5 + [exchanges] * 2 + ["hierarchical"], \
+        # gather, scatter and all_to_all go through the leaders when the pairs connect on demand,
+        # else direct (all_to_all: pairwise)
+        exchanges = ["hierarchical"] * 3 if connect == "on_demand" else ["direct", "direct", "pairwise"]
+        assert [algorithm for _, algorithm in recorded] == ["hierarchical"] * 5 + exchanges + ["hierarchical"], \
             recorded
         assert outcome.pop("big") is True
         assert outcome.pop("big_broadcast") is True
+        assert outcome.pop("big_alltoall") is True
         for name, result in outcome.items():
             assert result["failures"] == [], (rank, name, result["failures"])
             assert result["checked"] > 0, (rank, name)
@@ -590,4 +602,105 @@ def test_hierarchical_collectives_that_differ_are_a_mismatch_on_every_rank(hosts
         assert outcome["raised"] == "DistBackendError", (rank, outcome)
         assert "collective mismatch" in outcome["message"], (rank, outcome["message"])
         assert outcome["seconds"] < 15, (rank, outcome)
+    assert network.pids() == []
+
+
+SPLITS_RANK = """
+import json, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+url, rank, size, case = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=60))
+dist.all_reduce(torch.ones(4))
+send = [2] * size  # elements to each rank; rank 0 expects 2 from everyone
+if case == "length" and rank == 2:
+    send[0] = 3  # host 1 sends host 0 one element more than host 0 expects
+if case == "blocks" and rank in (2, 3):
+    send[0] = 3 if rank == 2 else 1  # the same total from host 1 to host 0, other blocks
+recv = [2] * size
+started = time.monotonic()
+outcome = {"raised": None}
+try:
+    dist.all_to_all_single(torch.empty(sum(recv)), torch.ones(sum(send)), recv, send)
+    dist.barrier()  # a rank whose all_to_all completed learns of the failure here
+except Exception as error:
+    outcome = {"raised": type(error).__name__, "message": str(error)}
+outcome["seconds"] = time.monotonic() - started
+print("OUTCOME " + json.dumps(outcome), flush=True)
+time.sleep(2)  # rank 0 holds the store, where the others read the first failure of the group
+"""
+
+
+@pytest.mark.parametrize("case", ["length", "blocks"])
+def test_hierarchical_all_to_all_with_splits_that_differ_fails_on_every_rank(hosts, case):
+    """2 hosts x 2 ranks, connections on demand (all_to_all through the leaders): host 1's ranks
+    send rank 0 other block sizes than rank 0's output splits expect. "length": the message between
+    the leaders is longer than host 0 expects; "blocks": it has the expected length, but ranks 2
+    and 3 send 3 and 1 elements where 2 and 2 are expected (the leaders' size hash differs). Host
+    0's leader raises a collective mismatch naming the sizes or the other host's ranks; every
+    rank raises a DistBackendError within seconds (the group's timeout is 60 s), in the
+    all_to_all or in the barrier after it, itself or quoting the first failure."""
+    network = hosts(2)
+    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
+    env = host_environment("eth0", DDPLITE_CONNECT="on_demand")
+    jobs = [start(network.run(host, [sys.executable, "-c", SPLITS_RANK, url, str(rank), "4", case]), env)
+            for rank, host in enumerate([0, 0, 1, 1])]
+    results = finish(jobs, timeout=120)
+    for rank, (returncode, output, _) in enumerate(results):
+        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
+        assert reported, f"rank {rank}:\n{output[-5000:]}"
+        outcome = json.loads(reported[0][len("OUTCOME "):])
+        assert outcome["raised"] == "DistBackendError", (rank, outcome)
+        assert "collective mismatch" in outcome["message"], (rank, outcome["message"])
+        assert outcome["seconds"] < 15, (rank, outcome)
+        print(f"rank {rank}: {outcome['seconds']:.1f} s: {outcome['message'].splitlines()[0]}")
+    leader = json.loads([line for line in results[0][1].splitlines() if line.startswith("OUTCOME ")][0][8:])
+    if case == "length":
+        assert "message length: 40 bytes expected here, 44 bytes sent by the peer" in leader["message"], leader
+    else:
+        assert "all_to_all split sizes differ between the ranks of another host (ranks 2,3, led by rank 2) and " \
+            "the ranks of this one (ranks 0,1)" in leader["message"], leader
+    assert network.pids() == []
+
+
+ALLTOALL_SOCKETS_RANK = """
+import json, sys
+from datetime import timedelta
+sys.path.insert(0, sys.argv[4])
+import torch, torch.distributed as dist
+import scale_workers
+url, rank, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=120))
+before = scale_workers._sockets()
+source = torch.arange(size * 3, dtype=torch.float32) + 100 * rank  # 3 elements for each rank
+output = torch.empty(size * 3)
+dist.all_to_all_single(output, source)
+after = scale_workers._sockets()
+expected = torch.cat([torch.arange(3 * rank, 3 * rank + 3, dtype=torch.float32) + 100 * peer for peer in range(size)])
+outcome = {"opened": after - before, "right": bool(torch.equal(output, expected))}
+dist.barrier()
+dist.destroy_process_group()
+print("OUTCOME " + json.dumps(outcome), flush=True)
+"""
+
+
+def test_hierarchical_all_to_all_opens_sockets_only_between_leaders(hosts):
+    """3 hosts x 2 ranks, connections on demand: the first collective is an all_to_all. Through
+    the leaders, each leader connects to the other 2 leaders and no other rank opens a socket
+    (flat, each rank would connect to its 5 peers); every block lands where the closed form
+    says."""
+    network = hosts(3)
+    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
+    env = host_environment("eth0", DDPLITE_CONNECT="on_demand")
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    layout = [0, 0, 1, 1, 2, 2]
+    jobs = [start(network.run(host, [sys.executable, "-c", ALLTOALL_SOCKETS_RANK, url, str(rank), str(len(layout)),
+                                     tests_dir]), env) for rank, host in enumerate(layout)]
+    results = finish(jobs, timeout=120)
+    for rank, (returncode, output, _) in enumerate(results):
+        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
+        assert returncode == 0 and reported, f"rank {rank}:\n{output[-5000:]}"
+        outcome = json.loads(reported[0][len("OUTCOME "):])
+        assert outcome["right"], (rank, outcome)
+        assert outcome["opened"] == (2 if rank % 2 == 0 else 0), (rank, outcome)
     assert network.pids() == []

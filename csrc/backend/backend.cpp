@@ -334,11 +334,14 @@ void DdpliteBackend::connectHostHierarchy(const std::string& spansHosts) {
     DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives over TCP: ", spansHosts, "; ", whyNot);
     return;
   }
-  const bool exchanges = hosts_->exchangesThroughLeaders();  // gather, scatter (connections on demand)
+  // gather, scatter and all_to_all through the leaders when the pairs connect on demand
+  const bool exchanges = hosts_->exchangesThroughLeaders();
+  const bool alltoall = hosts_->alltoallThroughLeaders();
   cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and the group spans ", hosts_->layout(), ": all_reduce, broadcast, "
                        "reduce, all_gather, ", exchanges ? "reduce_scatter, gather, scatter" : "reduce_scatter",
-                       " and barrier within each host through shared memory and across hosts over TCP among one "
-                       "leader per host; ", exchanges ? "all_to_all" : "gather, scatter and all_to_all", " over TCP");
+                       alltoall ? ", all_to_all" : "", " and barrier within each host through shared memory and "
+                       "across hosts over TCP among one leader per host");
+  if (!alltoall) cpuPathWhy_ += exchanges ? "; all_to_all over TCP" : "; gather, scatter and all_to_all over TCP";
   if (hosts_->local() != nullptr) {
     cpuPathWhy_ += strCat("; steps in this host's segment synchronise through ", hosts_->local()->syncDescription());
   }

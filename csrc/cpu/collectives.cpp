@@ -291,14 +291,17 @@ void exchangeVia(const CpuContext& ctx, const ExchangeArgs& args, WireKind kind,
     (ctx.mpi->*viaMpi)(args);
     return;
   }
-  if (ctx.hosts != nullptr && kind != WireKind::kAlltoall && ctx.hosts->exchangesThroughLeaders()) {
+  if (ctx.hosts != nullptr && ctx.hosts->exchangesThroughLeaders() &&
+      (kind != WireKind::kAlltoall || ctx.hosts->alltoallThroughLeaders())) {
     const Fingerprint hierarchical = fingerprintOf(ctx, kind, kShmAlgorithmIndex, "shm", dtype, -1, root, agreed);
     throwIfPeersSentOverTcp(ctx, hierarchical);
     if (ctx.algorithm != nullptr) *ctx.algorithm = "hierarchical";  // the flight recorder's name for it
     if (kind == WireKind::kGather) {
       shm::gatherAcrossHosts(*ctx.hosts, args, ctx.scratch, hierarchical, ctx.refusedSeq);
-    } else {
+    } else if (kind == WireKind::kScatter) {
       shm::scatterAcrossHosts(*ctx.hosts, args, ctx.scratch, hierarchical, ctx.refusedSeq);
+    } else {
+      shm::alltoallAcrossHosts(*ctx.hosts, args, hierarchical, ctx.refusedSeq);
     }
     return;
   }

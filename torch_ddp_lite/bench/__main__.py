@@ -32,7 +32,9 @@ def common_options():
                              "ddplite-unchecked is ddplite with DDPLITE_FINGERPRINT=0 (to measure the check); "
                              "ddplite-generic is ddplite with DDPLITE_CPU_KERNELS=generic (baseline reduction kernels); "
                              "ddplite-shm is ddplite with DDPLITE_CPU_TRANSPORT=shm (shared memory); ddplite-flat "
-                             "and ddplite-tree pin DDPLITE_SHM_SYNC (how shared-memory steps synchronise); memcpy is the "
+                             "and ddplite-tree pin DDPLITE_SHM_SYNC (how shared-memory steps synchronise); ddplite-ondemand and "
+                             "ddplite-atinit pin DDPLITE_CONNECT (across hosts: gather, scatter and all_to_all through "
+                             "the hosts' leaders, or flat over TCP); memcpy is the "
                              "reference: every rank copies the same bytes between two of its own buffers at once "
                              "(algbw = busbw = bytes / time)")
     parser.add_argument("--world-size", type=int, default=2,
@@ -105,7 +107,7 @@ def known_backends(device):
     import torch_ddp_lite
 
     known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-shm", "ddplite-unchecked", "ddplite-generic", "ddplite-flat",
-             "ddplite-tree", MEMCPY]
+             "ddplite-tree", "ddplite-ondemand", "ddplite-atinit", MEMCPY]
     if torch_ddp_lite.build_info()["mpi"]:
         known.append("ddplite-mpi")
     if dist.is_mpi_available():

@@ -108,7 +108,9 @@ def _share_cores(world_size):
 # when the column's group is created)}. "ddplite-mpi" is MPI's own collectives and needs the ranks
 # launched by mpirun; "ddplite-unchecked" has the wire fingerprint off (its cost, docs/reliability.md);
 # "ddplite-generic" reduces with the x86-64 baseline kernels instead of the widest set the CPU runs;
-# "ddplite-flat" and "ddplite-tree" pin how the shared-memory steps synchronise (docs/scale.md).
+# "ddplite-flat" and "ddplite-tree" pin how the shared-memory steps synchronise (docs/scale.md);
+# "ddplite-ondemand" and "ddplite-atinit" pin when TCP pairs connect (DDPLITE_CONNECT), which across
+# hosts also decides whether gather, scatter and all_to_all go through the hosts' leaders.
 BACKEND_VARIANTS = {
     "ddplite-mpi": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "mpi"}),
     "ddplite-tcp": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "tcp"}),
@@ -118,6 +120,8 @@ BACKEND_VARIANTS = {
     # how the shared-memory steps synchronise (DDPLITE_SHM_SYNC), whatever the group's size
     "ddplite-flat": ("ddplite", {"DDPLITE_SHM_SYNC": "flat"}),
     "ddplite-tree": ("ddplite", {"DDPLITE_SHM_SYNC": "tree"}),
+    "ddplite-ondemand": ("ddplite", {"DDPLITE_CONNECT": "on_demand"}),
+    "ddplite-atinit": ("ddplite", {"DDPLITE_CONNECT": "at_init"}),
 }
 
 

@@ -33,28 +33,14 @@ size_t pieceBytes(const ShmGroup& group) {
   return group.chunkBytes() / static_cast<size_t>(group.size()) / kSlotAlignment * kSlotAlignment;
 }
 
-// Bytes this rank sends to / receives from `peer` in a collective of `kind`.
-struct Blocks {
-  std::vector<size_t> send;
-  std::vector<size_t> recv;
-};
-
-Blocks blocksOf(const ExchangeArgs& args, WireKind kind, int rank, int size) {
-  Blocks blocks{std::vector<size_t>(size, 0), std::vector<size_t>(size, 0)};
+ExchangeBlocks blocksOf(const ExchangeArgs& args, WireKind kind, int rank, int size) {
+  ExchangeBlocks blocks;
+  blocks.resize(size);
   for (int peer = 0; peer < size; ++peer) {
-    switch (kind) {
-      case WireKind::kGather:
-        if (peer == args.root) blocks.send[peer] = args.sendSpans[peer].bytes;
-        if (rank == args.root) blocks.recv[peer] = args.recvSpans[peer].bytes;
-        break;
-      case WireKind::kScatter:
-        if (rank == args.root) blocks.send[peer] = args.sendSpans[peer].bytes;
-        if (peer == args.root) blocks.recv[peer] = args.recvSpans[peer].bytes;
-        break;
-      default:  // all_to_all
-        blocks.send[peer] = args.sendSpans[peer].bytes;
-        blocks.recv[peer] = args.recvSpans[peer].bytes;
-    }
+    const bool sends = kind == WireKind::kAlltoall || (kind == WireKind::kGather ? peer == args.root : rank == args.root);
+    const bool receives = kind == WireKind::kAlltoall || (kind == WireKind::kGather ? rank == args.root : peer == args.root);
+    if (sends) blocks.setSend(peer, args.sendData + args.sendSpans[peer].offset, args.sendSpans[peer].bytes);
+    if (receives) blocks.setRecv(peer, args.recvData + args.recvSpans[peer].offset, args.recvSpans[peer].bytes);
   }
   return blocks;
 }
@@ -62,14 +48,14 @@ Blocks blocksOf(const ExchangeArgs& args, WireKind kind, int rank, int size) {
 // Step 0: every rank posts [its piece count, the bytes it sends to rank 0, ..., to rank P-1];
 // each checks that every peer sends it what it expects (all_to_all splits that do not match
 // would otherwise read a slot's stale bytes) and returns the largest piece count.
-uint64_t agreeOnSteps(ShmGroup& group, const Blocks& blocks, size_t piece, Deadline deadline) {
+uint64_t agreeOnSteps(ShmGroup& group, const ExchangeBlocks& blocks, size_t piece, Deadline deadline) {
   const int rank = group.rank();
   const int size = group.size();
   std::vector<uint64_t> mine(static_cast<size_t>(size) + 1, 0);
   for (int peer = 0; peer < size; ++peer) {
-    mine[peer + 1] = blocks.send[peer];
     if (peer == rank) continue;
-    mine[0] = std::max<uint64_t>(mine[0], (std::max(blocks.send[peer], blocks.recv[peer]) + piece - 1) / piece);
+    mine[peer + 1] = blocks.sendBytes[peer];
+    mine[0] = std::max<uint64_t>(mine[0], (std::max(blocks.sendBytes[peer], blocks.recvBytes[peer]) + piece - 1) / piece);
   }
   const size_t bytes = mine.size() * sizeof(uint64_t);
   const uint32_t step = group.beginStep(deadline);
@@ -82,11 +68,11 @@ uint64_t agreeOnSteps(ShmGroup& group, const Blocks& blocks, size_t piece, Deadl
     uint64_t theirs[2];  // their piece count, and the bytes they send to this rank
     std::memcpy(&theirs[0], group.buffer(peer, step), sizeof(uint64_t));
     std::memcpy(&theirs[1], group.buffer(peer, step) + (rank + 1) * sizeof(uint64_t), sizeof(uint64_t));
-    if (theirs[1] != blocks.recv[peer]) {
+    if (theirs[1] != blocks.recvBytes[peer]) {
       throw TransportError(TransportError::Kind::kMismatch, peer,
                            strCat("collective mismatch: ", group.describePeer(peer), " sends ", theirs[1],
-                                  " bytes to this rank, which expects ", blocks.recv[peer], " [message length: ",
-                                  blocks.recv[peer], " bytes expected here, ", theirs[1],
+                                  " bytes to this rank, which expects ", blocks.recvBytes[peer], " [message length: ",
+                                  blocks.recvBytes[peer], " bytes expected here, ", theirs[1],
                                   " bytes sent by the peer (all_to_all split sizes that do not match)]"));
     }
     steps = std::max(steps, theirs[0]);
@@ -103,36 +89,39 @@ size_t pieceLength(size_t bytes, uint64_t k, size_t piece) {
 
 }  // namespace
 
-bool exchangeFits(const ShmGroup& group) {
-  return pieceBytes(group) >= kSlotAlignment &&
-         (static_cast<size_t>(group.size()) + 1) * sizeof(uint64_t) <= group.chunkBytes();
+bool exchangeFits(size_t chunkBytes, int ranks) {
+  const size_t piece = chunkBytes / static_cast<size_t>(ranks) / kSlotAlignment * kSlotAlignment;
+  return piece >= kSlotAlignment && (static_cast<size_t>(ranks) + 1) * sizeof(uint64_t) <= chunkBytes;
+}
+
+bool exchangeFits(const ShmGroup& group) { return exchangeFits(group.chunkBytes(), group.size()); }
+
+void exchangeBlocks(ShmGroup& group, const ExchangeBlocks& blocks, Deadline deadline) {
+  const int rank = group.rank();
+  const int size = group.size();
+  const size_t piece = pieceBytes(group);
+  const uint64_t steps = agreeOnSteps(group, blocks, piece, deadline);
+  const uint64_t stepBytes = piece * static_cast<size_t>(size);
+  for (uint64_t k = 0; k < steps; ++k) {
+    const uint32_t step = group.beginStep(deadline);
+    char* slots = group.buffer(rank, step);
+    for (int peer = 0; peer < size; ++peer) {
+      const size_t length = peer == rank ? 0 : pieceLength(blocks.sendBytes[peer], k, piece);
+      if (length > 0) std::memcpy(slots + peer * piece, blocks.sendAt[peer] + k * piece, length);
+    }
+    group.post(step, stepBytes);
+    group.waitAllPosted(step, stepBytes, deadline);
+    for (int peer = 0; peer < size; ++peer) {
+      const size_t length = peer == rank ? 0 : pieceLength(blocks.recvBytes[peer], k, piece);
+      if (length > 0) std::memcpy(blocks.recvAt[peer] + k * piece, group.buffer(peer, step) + rank * piece, length);
+    }
+    group.markConsumed(step);
+  }
 }
 
 void exchange(ShmGroup& group, const ExchangeArgs& args, WireKind kind) {
   const int rank = group.rank();
-  const int size = group.size();
-  const size_t piece = pieceBytes(group);
-  const Blocks blocks = blocksOf(args, kind, rank, size);
-  const uint64_t steps = agreeOnSteps(group, blocks, piece, args.deadline);
-  const uint64_t stepBytes = piece * static_cast<size_t>(size);
-  for (uint64_t k = 0; k < steps; ++k) {
-    const uint32_t step = group.beginStep(args.deadline);
-    char* slots = group.buffer(rank, step);
-    for (int peer = 0; peer < size; ++peer) {
-      const size_t length = peer == rank ? 0 : pieceLength(blocks.send[peer], k, piece);
-      if (length > 0) std::memcpy(slots + peer * piece, args.sendData + args.sendSpans[peer].offset + k * piece, length);
-    }
-    group.post(step, stepBytes);
-    group.waitAllPosted(step, stepBytes, args.deadline);
-    for (int peer = 0; peer < size; ++peer) {
-      const size_t length = peer == rank ? 0 : pieceLength(blocks.recv[peer], k, piece);
-      if (length > 0) {
-        std::memcpy(args.recvData + args.recvSpans[peer].offset + k * piece, group.buffer(peer, step) + rank * piece,
-                    length);
-      }
-    }
-    group.markConsumed(step);
-  }
+  exchangeBlocks(group, blocksOf(args, kind, rank, group.size()), args.deadline);
   const bool ownBlock = kind == WireKind::kAlltoall || rank == args.root;
   if (ownBlock && args.sendSpans[rank].bytes > 0) {
     std::memcpy(args.recvData + args.recvSpans[rank].offset, args.sendData + args.sendSpans[rank].offset,

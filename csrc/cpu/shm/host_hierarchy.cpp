@@ -2,6 +2,7 @@
 
 #include "common/env.hpp"
 #include "common/errors.hpp"
+#include "cpu/shm/shm_algorithms.hpp"
 #include "rendezvous/host_layout.hpp"
 
 #include <c10/util/StringUtil.h>
@@ -40,12 +41,15 @@ std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous
   std::unique_ptr<HostHierarchy> hierarchy(new HostHierarchy());
   hierarchy->hosts_ = static_cast<int>(hosts.size());
   hierarchy->rank_ = rank;
+  hierarchy->ranksByHost_ = hosts;
   for (const auto& ranks : hosts) {
     hierarchy->ranksOnHost_.push_back(static_cast<int>(ranks.size()));
     hierarchy->maxRanksPerHost_ = std::max(hierarchy->maxRanksPerHost_, static_cast<int>(ranks.size()));
   }
   hierarchy->layout_ = describeLayout(hosts);
   hierarchy->exchangesThroughLeaders_ = env::connectOnDemand(size);
+  hierarchy->alltoallThroughLeaders_ =
+      hierarchy->exchangesThroughLeaders_ && shm::exchangeFits(chunkBytes, hierarchy->maxRanksPerHost_);
   std::vector<int> leaders;
   const std::vector<int>* mine = nullptr;
   for (const auto& ranks : hosts) {

@@ -1,9 +1,9 @@
 // A group whose ranks span hosts, seen as hosts: the ranks of each host share a segment (a
 // ShmGroup over just them), and one leader per host (its lowest rank) talks to the other hosts'
 // leaders over the group's TCP mesh. The *_hierarchical.cpp files run all_reduce, broadcast,
-// reduce, all_gather, reduce_scatter and barrier on it, and gather and scatter when the group
-// connects on demand (exchangesThroughLeaders); all_to_all of such a group runs over TCP among
-// all ranks. Its send/recv go through channels among each host's ranks
+// reduce, all_gather, reduce_scatter and barrier on it, and gather, scatter and all_to_all when
+// the group connects on demand (exchangesThroughLeaders; else they run over TCP among all ranks).
+// Its send/recv go through channels among each host's ranks
 // (backend: connectHostChannels).
 //
 // Threading: like ShmGroup (the thread that runs the group's collectives; abort() from any);
@@ -47,6 +47,8 @@ class HostHierarchy {
   bool hostMajorIsRankOrder() const { return hostMajorIsRankOrder_; }
   // The group's ranks on this host, ascending (this rank included; the first is the leader).
   const std::vector<int>& localRanks() const { return localRanks_; }
+  // The group's ranks on host `host`, ascending.
+  const std::vector<int>& ranksOf(int host) const { return ranksByHost_.at(static_cast<size_t>(host)); }
   // The host of group rank `rank`, numbered as the leaders' view numbers them (hosts in the order
   // of their lowest rank), and that of this rank.
   int hostOf(int rank) const { return hostOfRank_.at(static_cast<size_t>(rank)); }
@@ -55,12 +57,17 @@ class HostHierarchy {
   int indexOnHost(int rank) const { return indexOnHost_.at(static_cast<size_t>(rank)); }
   // "2 hosts: ranks 0,1 | 2,3"
   const std::string& layout() const { return layout_; }
-  // Whether gather and scatter go through the leaders too (gather_hierarchical.cpp): when the
+  // Whether gather, scatter and all_to_all go through the leaders too (gather_hierarchical.cpp,
+  // alltoall_hierarchical.cpp): when the
   // group's TCP pairs connect on demand (DDPLITE_CONNECT, the same on every rank). Then the root
   // holds sockets to a few leaders instead of one per rank. With every pair connected at init,
   // they go flat over TCP: on this 2-core VM the flat path measured 1.3-2.6x faster at 4 and 8
   // namespace hosts x 2 ranks (docs/scale.md), since the hierarchy adds a sync in each segment.
   bool exchangesThroughLeaders() const { return exchangesThroughLeaders_; }
+  // Whether all_to_all goes through the leaders: when gather and scatter do, and each rank of the
+  // most crowded host gets a slot of at least 64 bytes in a chunk (shm::exchangeFits), which every
+  // rank computes alike.
+  bool alltoallThroughLeaders() const { return alltoallThroughLeaders_; }
   // The host-major staging of P blocks of `block` bytes (all_gather, reduce_scatter, gather,
   // scatter): one slot of maxRanksPerHost() blocks per host. The bytes of a slot, and where
   // `rank`'s block sits among all the slots.
@@ -102,8 +109,10 @@ class HostHierarchy {
   int maxRanksPerHost_ = 0;
   bool hostMajorIsRankOrder_ = false;
   bool exchangesThroughLeaders_ = false;
+  bool alltoallThroughLeaders_ = false;
   Scratch staging_;
   std::vector<int> localRanks_;
+  std::vector<std::vector<int>> ranksByHost_;
   std::vector<int> ranksOnHost_;  // by host
   std::vector<int> hostOfRank_;   // by group rank
   std::vector<int> indexOnHost_;  // by group rank

@@ -14,6 +14,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <cstring>
+#include <vector>
 
 namespace ddplite::cpu {
 class HostHierarchy;
@@ -50,8 +51,35 @@ void reduceScatter(ShmGroup& group, const AlgorithmArgs& args);  // reduce_scatt
 size_t reduceScatterPieceCount(size_t chunkBytes, int size, size_t elementSize);
 void barrier(ShmGroup& group, const AlgorithmArgs& args);        // barrier.cpp
 // gather, scatter and all_to_all (`kind`); exchangeFits: whether the group's chunk leaves each
-// peer a slot of at least 64 bytes (else the exchange goes over TCP).
+// peer a slot of at least 64 bytes (else the exchange goes over TCP), for this group or for a
+// group of `ranks` with chunk `chunkBytes`.
 bool exchangeFits(const ShmGroup& group);
+bool exchangeFits(size_t chunkBytes, int ranks);
+// The blocks one rank moves in an exchange through the segment, by the group's rank: sendBytes[j]
+// bytes from sendAt[j] to rank j, recvBytes[j] bytes from rank j into recvAt[j]. The caller owns
+// the memory; its block to itself is never moved. A receiver that expects other than what its
+// sender sends raises a mismatch naming both lengths.
+struct ExchangeBlocks {
+  std::vector<const char*> sendAt;
+  std::vector<size_t> sendBytes;
+  std::vector<char*> recvAt;
+  std::vector<size_t> recvBytes;
+  void resize(int ranks) {
+    sendAt.assign(static_cast<size_t>(ranks), nullptr);
+    sendBytes.assign(static_cast<size_t>(ranks), 0);
+    recvAt.assign(static_cast<size_t>(ranks), nullptr);
+    recvBytes.assign(static_cast<size_t>(ranks), 0);
+  }
+  void setSend(int peer, const char* at, size_t bytes) {
+    sendAt[static_cast<size_t>(peer)] = at;
+    sendBytes[static_cast<size_t>(peer)] = bytes;
+  }
+  void setRecv(int peer, char* at, size_t bytes) {
+    recvAt[static_cast<size_t>(peer)] = at;
+    recvBytes[static_cast<size_t>(peer)] = bytes;
+  }
+};
+void exchangeBlocks(ShmGroup& group, const ExchangeBlocks& blocks, Deadline deadline);  // exchange.cpp
 // all_reduce of a group across hosts (allreduce_hierarchical.cpp). `fingerprint`: the op's, as
 // on TCP; `bufferBytes` as in selectAlgorithm; `refusedSeq` as in ShmGroup::beginCollective.
 void allreduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
@@ -79,6 +107,10 @@ void gatherAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& 
                        const Fingerprint& fingerprint, uint64_t refusedSeq);
 void scatterAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& scratch,
                         const Fingerprint& fingerprint, uint64_t refusedSeq);
+// all_to_all of a group across hosts (alltoall_hierarchical.cpp), when the hierarchy says
+// alltoallThroughLeaders(): uneven spans as on TCP; args.transport is not used.
+void alltoallAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, const Fingerprint& fingerprint,
+                         uint64_t refusedSeq);
 void exchange(ShmGroup& group, const ExchangeArgs& args, WireKind kind);  // exchange.cpp
 
 }  // namespace ddplite::cpu::shm

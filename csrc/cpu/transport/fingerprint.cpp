@@ -168,10 +168,12 @@ std::string headerMismatch(const WireHeader& header, const Fingerprint& mine, ui
         reduceLabel(header.reduceOp).empty() ? "none" : reduceLabel(header.reduceOp));
   field(header.root != mine.root, "root", strCat(mine.root), strCat(header.root));
   field(header.bytes != mine.bytes, "size", strCat(mine.bytes, " bytes"), strCat(header.bytes, " bytes"));
-  if (diff.empty() && header.messageBytes != expectedBytes) {
-    diff.push_back(strCat("message length: ", expectedBytes, " bytes expected here, ", header.messageBytes,
-                          " bytes sent by the peer (all_to_all split sizes that do not match, or a "
-                          "DDPLITE_RING_SEGMENT_BYTES / DDPLITE_TREE_CHUNK_BYTES that differs between ranks)"));
+  if (diff.empty() && header.messageBytes != expectedBytes) {  // the same collective, another length
+    return strCat("collective mismatch: ", peer, " sends a message of ", header.messageBytes, " bytes in ",
+                  mine.describe(), ", where this rank expects ", expectedBytes, " [message length: ", expectedBytes,
+                  " bytes expected here, ", header.messageBytes,
+                  " bytes sent by the peer (all_to_all split sizes that do not match, or a "
+                  "DDPLITE_RING_SEGMENT_BYTES / DDPLITE_TREE_CHUNK_BYTES that differs between ranks)]");
   }
   if (diff.empty()) return "";
   std::string text = strCat("collective mismatch: ", peer, " is in ", theirs, " while this rank is in ",
