@@ -10,11 +10,7 @@
 #include "common/logging.hpp"
 #include "cpu/algorithms/selector.hpp"
 #include "cpu/reduce/reduce_kernels.hpp"
-#include "cpu/shm/channels.hpp"
-#include "cpu/shm/host_hierarchy.hpp"
-#include "cpu/shm/segment.hpp"
-#include "cpu/transport/rank_view.hpp"
-#include "cpu/transport/tcp.hpp"
+#include "cpu/p2p_engine.hpp"
 
 #include <signal.h>
 #include <unistd.h>
@@ -214,10 +210,10 @@ std::exception_ptr p2pFailure(const OpContext& ctx, std::exception_ptr error, co
 
 namespace {
 // "proc/<rank>": this process's identity (common/process_identity.hpp) and its host
-// (ShmSegment::hostIdentity), for failed_ranks on the other ranks of this host.
+// (CpuPath::hostIdentity), for failed_ranks on the other ranks of this host.
 std::string publishedIdentity() {
   const ProcessIdentity me = ProcessIdentity::ofThisProcess();
-  return strCat(me.pid, " ", me.startTicks, " ", me.pidNamespace, " ", cpu::ShmSegment::hostIdentity());
+  return strCat(me.pid, " ", me.startTicks, " ", me.pidNamespace, " ", cpu::CpuPath::hostIdentity());
 }
 }  // namespace
 
@@ -254,13 +250,10 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   kernels_ = &chooseKernelSet(rank, size);
   agreeOnGroupWideKnobs(rendezvous_, rank, size);
   applyAlgorithmPins(rank, size);
-  connectMpi(wantsMpiTransport(rank, size));
-  const Deadline connectBy = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
-  transport_ = env::connectOnDemand(size)
-                   ? TcpTransport::listenOnDemand(rendezvous_, rank, size, "", env::fingerprintChecks())
-                   : TcpTransport::connectFullMesh(rendezvous_, rank, size, connectBy, "", env::fingerprintChecks());
-  connectSharedMemory();
-  p2p_ = std::make_unique<cpu::P2pEngine>(rank, size, connectPointToPoint(connectBy));
+  std::unique_ptr<mpi::GroupComm> mpiData = connectMpi(wantsMpiTransport(rank, size));
+  const std::chrono::milliseconds groupTimeout(timeoutMs_.load());
+  cpu_ = std::make_unique<cpu::CpuPath>(
+      cpu::CpuPath::Setup{rendezvous_, rank, size, Clock::now() + groupTimeout, groupTimeout, std::move(mpiData)});
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
                                       [this](std::chrono::milliseconds t) { return resolveTimeout(t); }, timing_});
   if (size > 1) arrivals_ = std::make_unique<ArrivalRecorder>(rendezvous_, rank, size);
@@ -278,140 +271,13 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   installTraceSignalHandler();
   worker_ = std::make_unique<Worker>();
   DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " ready (timeout ", timeoutMs_.load(), " ms, CPU collectives over ",
-              cpuTransportName(), ", send/recv over ", p2pPath_, ", bootstrap over ", bootstrap_->name(), ")");
+              cpuTransportName(), ", send/recv over ", p2pPathName(), ", bootstrap over ", bootstrap_->name(), ")");
   init();
 }
 
-// The group's CPU path. DDPLITE_CPU_TRANSPORT=auto: shared memory when every rank is on this
-// host and the segment can be made; else TCP (a group across hosts quietly, a segment that could
-// not be made with a warning naming why). =shm: shared memory or an error (no silent fallback).
-// =tcp, =mpi: no segment. The outcome is the same on every rank (ShmGroup::create decides
-// collectively), so no rank runs a collective over a path its peers did not take.
-void DdpliteBackend::connectSharedMemory() {
-  const std::string requested = env::cpuTransport();
-  if (requested == "tcp" || requested == "mpi") {
-    cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=", requested);
-    return;
-  }
-  if (size_ == 1) {
-    cpuPathWhy_ = "a group of one rank exchanges nothing";
-    return;
-  }
-  std::string whyNot;
-  bool spansHosts = false;
-  shm_ = cpu::ShmGroup::create(rendezvous_, *transport_, rank_, size_, static_cast<size_t>(env::shmChunkBytes()),
-                               &whyNot, &spansHosts);
-  if (!shm_) {
-    if (requested == "shm") {
-      throwDistError(OpContext{rank_, size_, "init", 0},
-                     strCat("DDPLITE_CPU_TRANSPORT=shm, but this group cannot use shared memory: ", whyNot),
-                     "unset DDPLITE_CPU_TRANSPORT (or set it to tcp) to run over TCP");
-    }
-    cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and no shared memory: ", whyNot);
-    if (spansHosts) {
-      connectHostHierarchy(whyNot);
-    } else {
-      DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": shared memory could not be set up, so this group's "
-                  "collectives go over TCP (slower): ", whyNot, ". Set DDPLITE_CPU_TRANSPORT=tcp to silence this, "
-                  "or free /dev/shm (df -h /dev/shm; docker run --shm-size=1g) to get the fast path");
-    }
-    return;
-  }
-  cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=", requested, ", and all ", size_,
-                       " ranks share this host; steps synchronise through ", shm_->syncDescription());
-  DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives through shared memory (", shm_->segmentName(),
-              ", unlinked; ", cpuPathWhy_, ")");
-}
-
-// A group across hosts (DDPLITE_CPU_TRANSPORT=auto): shared memory inside each host for
-// all_reduce when some host holds several ranks (HostHierarchy), else TCP for everything.
-void DdpliteBackend::connectHostHierarchy(const std::string& spansHosts) {
-  std::string whyNot;
-  hosts_ = cpu::HostHierarchy::create(rendezvous_, *transport_, rank_, size_, static_cast<size_t>(env::shmChunkBytes()),
-                                      &whyNot);
-  if (!hosts_) {
-    cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and no shared memory: ", spansHosts, "; ", whyNot);
-    DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives over TCP: ", spansHosts, "; ", whyNot);
-    return;
-  }
-  // gather, scatter and all_to_all through the leaders when the pairs connect on demand
-  const bool exchanges = hosts_->exchangesThroughLeaders();
-  const bool alltoall = hosts_->alltoallThroughLeaders();
-  cpuPathWhy_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and the group spans ", hosts_->layout(), ": all_reduce, broadcast, "
-                       "reduce, all_gather, ", exchanges ? "reduce_scatter, gather, scatter" : "reduce_scatter",
-                       alltoall ? ", all_to_all" : "", " and barrier within each host through shared memory and "
-                       "across hosts over TCP among one leader per host");
-  if (!alltoall) cpuPathWhy_ += exchanges ? "; all_to_all over TCP" : "; gather, scatter and all_to_all over TCP";
-  if (hosts_->local() != nullptr) {
-    cpuPathWhy_ += strCat("; steps in this host's segment synchronise through ", hosts_->local()->syncDescription());
-  }
-  DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": ", cpuPathWhy_);
-}
-
-// send/recv: through shared-memory channels when the group has a segment (every rank on this
-// host), else over a TCP mesh of their own; in a group across hosts with a HostHierarchy, through
-// channels among the ranks of each host and that TCP mesh between hosts. A channel segment that
-// cannot be made falls back to TCP for every rank it would have joined (ShmSegment::create's
-// outcome is the same for all of them). One P2pEngine pump per path.
-std::vector<std::unique_ptr<cpu::P2pLinks>> DdpliteBackend::connectPointToPoint(Deadline connectBy) {
-  std::vector<std::unique_ptr<cpu::P2pLinks>> paths;
-  std::vector<int> everyRank(static_cast<size_t>(size_));
-  std::iota(everyRank.begin(), everyRank.end(), 0);
-  if (shm_) {
-    std::string whyNot;
-    StoreRendezvous channelKeys = rendezvous_.prefixed("p2p-shm/");
-    if (auto channels = cpu::ShmChannels::create(channelKeys, *transport_, rank_, size_, &whyNot)) {
-      p2pPath_ = "shared-memory channels";
-      paths.push_back(cpu::shmLinks(std::move(channels), everyRank, /*liveness=*/nullptr));
-      return paths;
-    }
-    DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": send/recv go over TCP, their shared-memory channels could not "
-                "be set up: ", whyNot);
-  }
-  p2pPath_ = "TCP";
-  auto mesh = env::connectOnDemand(size_)
-                  ? TcpTransport::listenOnDemand(rendezvous_, rank_, size_, "p2p/", /*checkFingerprints=*/false)
-                  : TcpTransport::connectFullMesh(rendezvous_, rank_, size_, connectBy, "p2p/",
-                                                  /*checkFingerprints=*/false);
-  std::vector<int> remote = everyRank;
-  if (hosts_ && hosts_->local()) {
-    if (auto local = connectHostChannels()) {
-      const std::vector<int>& localRanks = hosts_->localRanks();
-      remote.erase(std::remove_if(remote.begin(), remote.end(),
-                                  [&](int r) {
-                                    return std::find(localRanks.begin(), localRanks.end(), r) != localRanks.end();
-                                  }),
-                   remote.end());
-      paths.push_back(std::move(local));
-    }
-  }
-  remote.erase(std::remove(remote.begin(), remote.end(), rank_), remote.end());
-  if (!remote.empty()) {
-    paths.push_back(cpu::socketLinks(std::move(mesh), remote, std::chrono::milliseconds(timeoutMs_.load())));
-  }
-  return paths;
-}
-
-// Channels among the ranks of this host, in a group across hosts; null when they cannot be made.
-std::unique_ptr<cpu::P2pLinks> DdpliteBackend::connectHostChannels() {
-  const std::vector<int>& localRanks = hosts_->localRanks();
-  auto liveness = std::make_unique<RankView>(*transport_, localRanks);
-  StoreRendezvous channelKeys = rendezvous_.prefixed(strCat("p2p-shm/host/", localRanks.front(), "/"));
-  std::string whyNot;
-  auto channels = cpu::ShmChannels::create(channelKeys, *liveness, liveness->rank(), liveness->size(), &whyNot,
-                                           localRanks);
-  if (!channels) {
-    DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": send/recv to the ranks of this host go over TCP, their "
-                "shared-memory channels could not be set up: ", whyNot);
-    return nullptr;
-  }
-  p2pPath_ = "shared-memory channels within each host, TCP between hosts";
-  return cpu::shmLinks(std::move(channels), localRanks, std::move(liveness));
-}
-
-void DdpliteBackend::connectMpi(bool mpiTransport) {
+std::unique_ptr<mpi::GroupComm> DdpliteBackend::connectMpi(bool mpiTransport) {
   bootstrap_ = std::make_unique<StoreBootstrap>(rendezvous_, rank_, size_);
-  if (!mpiTransport && !mpi::isInitialized()) return;  // not an MPI job: the store does everything
+  if (!mpiTransport && !mpi::isInitialized()) return nullptr;  // not an MPI job: the store does everything
   const OpContext ctx{rank_, size_, "init", 0};
   const auto [worldRank, worldSize] = mpi::initWorld();
   // The members' MPI_COMM_WORLD ranks in group-rank order, through the group's store.
@@ -438,14 +304,11 @@ void DdpliteBackend::connectMpi(bool mpiTransport) {
                       "launch every rank with one mpirun (mpirun -np N python train.py), or unset "
                       "DDPLITE_CPU_TRANSPORT to use ddplite's own transport");
     }
-    return;  // e.g. mpi4py singletons under torchrun: keep the store
+    return nullptr;  // e.g. mpi4py singletons under torchrun: keep the store
   }
   mpiComm_ = std::make_unique<mpi::GroupComm>(worldRanks, rank_);
   bootstrap_ = std::make_unique<mpi::MpiBootstrap>(*mpiComm_);
-  if (mpiTransport) {
-    mpiDataComm_ = mpiComm_->duplicate();
-    mpiCollectives_ = std::make_unique<cpu::MpiCollectives>(*mpiDataComm_);
-  }
+  return mpiTransport ? mpiComm_->duplicate() : nullptr;
 }
 
 DdpliteBackend::~DdpliteBackend() {
@@ -458,7 +321,7 @@ DdpliteBackend::~DdpliteBackend() {
   if (!closed_.load() && cuda_) cuda_->abandon();
   shutdown();
   worker_.reset();
-  p2p_.reset();
+  cpu_->destroyP2p();
   cuda_.reset();
 }
 
@@ -468,13 +331,8 @@ bool DdpliteBackend::abandonInForkedChild() {
   // Deliberate leaks: their threads do not exist here, their sockets were closed at fork, and the
   // segments and the NCCL communicator are the parent's.
   (void)worker_.release();
-  (void)p2p_.release();
+  if (cpu_) cpu_->abandon();  // keeps its names (cpu_path()) and nothing that owns a thread, socket or segment
   (void)cuda_.release();
-  (void)hosts_.release();
-  (void)shm_.release();
-  (void)transport_.release();
-  (void)mpiCollectives_.release();
-  (void)mpiDataComm_.release();
   (void)mpiComm_.release();
   (void)bootstrap_.release();
   (void)arrivals_.release();
@@ -621,8 +479,8 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
   // only if every peer has started it too, so that the caller is never held by a late peer for
   // longer than kInlineWait: an async op stays async. The work then completes before it is
   // returned; a failure is raised by wait(), as for a queued op.
-  if (shm_) shm_->markStarted(ctx.seq);
-  if (!shm_ || shm_->peersStarted(ctx.seq, kInlineWait)) {
+  cpu_->markStarted(ctx.seq);
+  if (cpu_->peersStarted(ctx.seq, kInlineWait)) {
     runOp(*work, run, body);
   } else {
     worker_->enqueueFirst(task(work, std::move(run), std::move(body)));
@@ -634,7 +492,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
 bool DdpliteBackend::mayRunInline(const std::vector<at::Tensor>& outputs) const {
   // Every CPU op goes through the segment (send/recv do not come here); a group of one only
   // copies locally.
-  if (!shm_ && size_ > 1) return false;
+  if (!cpu_->throughOneSegment() && size_ > 1) return false;
   int64_t bytes = 0;
   for (const auto& tensor : outputs) bytes += static_cast<int64_t>(tensor.nbytes());
   return bytes <= env::shmInlineBytes();
@@ -642,7 +500,7 @@ bool DdpliteBackend::mayRunInline(const std::vector<at::Tensor>& outputs) const 
 
 void DdpliteBackend::runOp(DdpliteWork& work, const OpRun& run, const CpuBody& body) {
   work.markStarted();
-  if (shm_) shm_->markStarted(work.context().seq);
+  cpu_->markStarted(work.context().seq);
   const Deadline deadline = Clock::now() + run.timeout;
   if (arrivals_) arrivals_->begin(work.context().seq, deadline, run.timeout);
   if (run.trace != 0) recorder_->started(run.trace);
@@ -651,8 +509,8 @@ void DdpliteBackend::runOp(DdpliteWork& work, const OpRun& run, const CpuBody& b
   c10d::WorkResult outcome = c10d::WorkResult::COMM_ERROR;
   try {
     throwIfBroken(work.context());
-    const cpu::CpuContext cpu{*transport_, scratch_, deadline, work.context(), mpiCollectives_.get(), shm_.get(),
-                              run.refusedSeq, kernels_, hosts_.get(), run.trace != 0 ? &algorithm : nullptr};
+    const cpu::CpuContext cpu =
+        cpu_->context(deadline, work.context(), run.refusedSeq, kernels_, run.trace != 0 ? &algorithm : nullptr);
     if (run.signature) checkArgumentsAcrossRanks(cpu, *run.signature);
     body(cpu);
     if (run.trace != 0) recorder_->completed(run.trace, algorithm);  // a failed op stays "started"
@@ -669,10 +527,7 @@ void DdpliteBackend::runOp(DdpliteWork& work, const OpRun& run, const CpuBody& b
   work.markFinished(failure, outcome);
 }
 
-bool DdpliteBackend::segmentLeftOpen() const {
-  if (shm_ && shm_->collectiveOpen()) return true;
-  return hosts_ && hosts_->local() != nullptr && hosts_->local()->collectiveOpen();
-}
+bool DdpliteBackend::segmentLeftOpen() const { return cpu_->segmentLeftOpen(); }
 
 void DdpliteBackend::breakAfterAbandonedCollective(const OpContext& ctx, const std::exception_ptr& failure) {
   // This rank's flags no longer say what its buffers hold (it may have posted a step it never
@@ -683,9 +538,7 @@ void DdpliteBackend::breakAfterAbandonedCollective(const OpContext& ctx, const s
   if (!rendezvous_.recordedFailure()) rendezvous_.recordFailure(what);
   markBroken(what);
   DDPLITE_LOG(kWarn, what);
-  if (shm_) shm_->breakGroup();
-  if (hosts_) hosts_->breakGroup();
-  transport_->abort();
+  cpu_->breakGroup();
 }
 
 std::string DdpliteBackend::arrivalsNote(uint64_t seq) {
@@ -718,12 +571,9 @@ std::exception_ptr DdpliteBackend::failureFromTransport(const OpContext& ctx, co
       rendezvous_.recordFailure(summary);
     }
     markBroken(strCat(ctx.describe(), ": ", what));  // quotes the first failure too
-    if (mpiCollectives_) mpiCollectives_->abort();
-    if (shm_) shm_->abort();
     // This host's ranks may wait for this rank (their leader) in the segment: all of them stop
     // now, after the failure is in the store for them to quote (HostHierarchy::runAmongLeaders).
-    if (hosts_) hosts_->breakGroup();
-    transport_->abort();
+    cpu_->stopAfterFailure();
   }
   if (error.kind() != TransportError::Kind::kAborted) what += dumpOnFailure();  // not for abort()/shutdown()
   DDPLITE_LOG(kWarn, ctx.describe(), " failed: ", what);
@@ -750,7 +600,7 @@ FlightRecorder::Handle DdpliteBackend::recordP2p(const OpContext& ctx, OpType ty
   const c10::ArrayRef<at::Tensor> one(tensor);
   const FlightRecorder::Handle handle = recorder_->record(
       TraceOp{frOpName(type, ctx.op), true, seq_.load(), ctx.seq, isSend ? one : c10::ArrayRef<at::Tensor>(),
-              isSend ? c10::ArrayRef<at::Tensor>() : one, false, false, p2pPath_,
+              isSend ? c10::ArrayRef<at::Tensor>() : one, false, false, p2pPathName(),
               std::chrono::milliseconds(timeoutMs_.load()), timing_.load(std::memory_order_relaxed)});
   recorder_->started(handle);  // a send/recv runs from when it is posted (its Work's duration too)
   return handle;
@@ -782,22 +632,9 @@ void DdpliteBackend::settlePendingChecks() {
   // A broadcast checks its peers' posts at its next step; when it was the last op, that is now.
   // Bounded: a peer that is merely late gets a few seconds, not the group's timeout.
   constexpr auto kSettleWithin = std::chrono::seconds(5);
-  const bool broken = isBroken();
-  for (cpu::ShmGroup* group : {shm_.get(), hosts_ ? hosts_->local() : nullptr}) {
-    if (broken || group == nullptr || !group->checkPending()) continue;
-    try {
-      group->settlePendingCheck(Clock::now() + std::min<std::chrono::milliseconds>(
-                                                   kSettleWithin, std::chrono::milliseconds(timeoutMs_.load())));
-    } catch (const TransportError& error) {
-      DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": at shutdown, the check of this rank's last broadcast found ",
-                  error.kind() == TransportError::Kind::kTimeout ? "a peer that had not reached it yet: " : "that ",
-                  error.what(),
-                  error.kind() == TransportError::Kind::kMismatch
-                      ? ". That broadcast returned without an error here while its peers ran another collective; "
-                        "every rank must issue the same collectives in the same order"
-                      : "");
-    }
-  }
+  if (isBroken()) return;
+  cpu_->settlePendingChecks(Clock::now() + std::min<std::chrono::milliseconds>(
+                                               kSettleWithin, std::chrono::milliseconds(timeoutMs_.load())));
 }
 
 void DdpliteBackend::stopForExit() {
@@ -809,25 +646,19 @@ void DdpliteBackend::stopForExit() {
     DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": the process exits with a ddplite process group that was not "
                 "destroyed; its pending ops are aborted. Call torch.distributed.destroy_process_group() before exiting.");
     markBroken(strCat("the process is exiting on rank ", rank_, " (the group was not destroyed)"));
-    if (mpiCollectives_) mpiCollectives_->abort();
-    if (shm_) shm_->abort();
-    if (hosts_) hosts_->abort();
-    transport_->abort();
+    cpu_->abortCollectives();
   }
   if (!closed_.load() && cuda_) cuda_->abandon();  // its watchdog thread ends too
   worker_->drainAndStop();  // what is queued fails at once (the transports are aborted)
-  p2p_->stop();
+  cpu_->p2p().stop();
 }
 
 void DdpliteBackend::abort() {
   if (abandonInForkedChild()) return;
   markBroken(strCat("abort() was called on rank ", rank_));
-  if (mpiCollectives_) mpiCollectives_->abort();
-  if (shm_) shm_->abort();
-  if (hosts_) hosts_->abort();
+  cpu_->abortCollectives();  // first: NCCL's abort may take seconds, and the worker may wait on a CPU path
   if (cuda_) cuda_->abort();
-  transport_->abort();
-  p2p_->abort();
+  cpu_->p2p().abort();
 }
 
 void DdpliteBackend::shutdown() {
@@ -841,8 +672,8 @@ void DdpliteBackend::shutdown() {
   // drop their copies of the store before destroy_process_group returns (arrival_recorder.hpp).
   arrivals_.reset();
   markBroken(strCat("the process group was shut down on rank ", rank_));
-  transport_->abort();
-  p2p_->abort();
+  cpu_->closeConnections();
+  cpu_->p2p().abort();
 }
 
 // ---- collectives -------------------------------------------------------------------------
@@ -1223,7 +1054,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::send(std::vector<at::Tensor>& ten
   }
   auto work = workStartedNow(ctx, OpType::SEND, tensor, timing_.load(std::memory_order_relaxed));
   const FlightRecorder::Handle trace = recordP2p(ctx, OpType::SEND, tensor, dstRank);
-  p2p_->send(dstRank, tag, tensor.contiguous(), Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
+  cpu_->p2p().send(dstRank, tag, tensor.contiguous(), Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
              [this, work, ctx, trace](std::exception_ptr error, int source) {
                finishP2p(*work, ctx, trace, error, source);
              });
@@ -1295,7 +1126,7 @@ bool DdpliteBackend::peerProcessEnded(int peer) {
     return false;  // not one this build writes: unknown
   }
   // Only on this host can /proc say anything of it (stateOf compares the PID namespaces).
-  return host == cpu::ShmSegment::hostIdentity() && stateOf(theirs) == ProcessState::kEnded;
+  return host == cpu::CpuPath::hostIdentity() && stateOf(theirs) == ProcessState::kEnded;
 }
 
 std::vector<int> DdpliteBackend::failedRanks(std::chrono::milliseconds wait) {
@@ -1615,7 +1446,7 @@ void DdpliteBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wai
   }
   throwIfBroken(ctx);  // an aborted or failed group says so, rather than "Rank 1 failed to pass"
   // A rank > 0 waits for rank 0 to arrive (up to the group's timeout) and then to decide.
-  ddplite::monitoredBarrier(*p2p_, MonitoredBarrierCall{ctx, timeout, waitAllRanks, groupTimeout + timeout});
+  ddplite::monitoredBarrier(cpu_->p2p(), MonitoredBarrierCall{ctx, timeout, waitAllRanks, groupTimeout + timeout});
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
@@ -1645,7 +1476,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
   // The engine fills a contiguous tensor; a strided one gets its copy on the engine thread.
   at::Tensor landing = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
   const FlightRecorder::Handle trace = recordP2p(ctx, work->retrieveOpType(), tensor, srcRank);
-  p2p_->recv(srcRank, tag, landing, Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
+  cpu_->p2p().recv(srcRank, tag, landing, Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
              [this, work, ctx, tensor, landing, trace](std::exception_ptr error, int source) mutable {
                if (!error && !landing.is_same(tensor)) tensor.copy_(landing);
                finishP2p(*work, ctx, trace, error, source);
@@ -1658,7 +1489,7 @@ void DdpliteBackend::finishP2p(DdpliteWork& work, const OpContext& ctx, FlightRe
                                std::exception_ptr error, int source) {
   work.setSourceRank(source);
   if (!error) {
-    if (trace != 0) recorder_->completed(trace, p2pPath_);
+    if (trace != 0) recorder_->completed(trace, p2pPathName());
     work.markFinished(nullptr, workResultOf(error));
     return;
   }

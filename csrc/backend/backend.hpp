@@ -24,8 +24,7 @@
 #include "common/fork_guard.hpp"
 #include "cpu/algorithms/algorithm.hpp"
 #include "cpu/collectives.hpp"
-#include "cpu/mpi_collectives.hpp"
-#include "cpu/p2p_engine.hpp"
+#include "cpu/cpu_path.hpp"
 #include "cpu/transport/transport.hpp"
 #include "cuda/cuda_path.hpp"
 #include "rendezvous/bootstrap.hpp"
@@ -185,13 +184,12 @@ class DdpliteBackend final : public c10d::Backend {
   // How this group shares set-up blobs (the NCCL unique id): over MPI when the processes are one
   // MPI job (mpi:// or DDPLITE_CPU_TRANSPORT=mpi), else over the store.
   Bootstrap& bootstrap() { return *bootstrap_; }
-  // "tcp", "shm" or "mpi": what carries this group's CPU collectives, and why it was chosen.
-  const char* cpuTransportName() const {
-    return mpiCollectives_ ? "mpi" : shm_ ? "shm" : hosts_ ? "hierarchical" : "tcp";
-  }
-  const std::string& cpuPathReason() const { return cpuPathWhy_; }
+  // "tcp", "shm", "hierarchical" or "mpi": what carries this group's CPU collectives, and why it
+  // was chosen (cpu::CpuPath).
+  const char* cpuTransportName() const { return cpu_->collectivesName(); }
+  const std::string& cpuPathReason() const { return cpu_->why(); }
   // "shared-memory channels" or "TCP".
-  const char* p2pPathName() const { return p2pPath_; }
+  const char* p2pPathName() const { return cpu_->p2pName(); }
   // The reduction kernels its CPU collectives use (DDPLITE_CPU_KERNELS when it was created).
   const std::string& kernelSetName() const { return cpu::kernelSetName(*kernels_); }
 
@@ -274,13 +272,10 @@ class DdpliteBackend final : public c10d::Backend {
   // warning with what it finds. Once the worker has stopped.
   void settlePendingChecks();
   void throwIfBroken(const OpContext& ctx);
-  // The group's MPI communicator when this process is part of an MPI job (see bootstrap()), and
-  // MPI's collectives on it when DDPLITE_CPU_TRANSPORT=mpi. Collective over the group.
-  void connectMpi(bool mpiTransport);
-  void connectSharedMemory();
-  void connectHostHierarchy(const std::string& spansHosts);
-  std::vector<std::unique_ptr<cpu::P2pLinks>> connectPointToPoint(Deadline connectBy);
-  std::unique_ptr<cpu::P2pLinks> connectHostChannels();
+  // The group's MPI communicator when this process is part of an MPI job (see bootstrap()); when
+  // DDPLITE_CPU_TRANSPORT=mpi, also a duplicate of it for MPI's collectives (the CPU path's), which
+  // it returns (else null). Collective over the group.
+  std::unique_ptr<mpi::GroupComm> connectMpi(bool mpiTransport);
   // In a forked child (not creatorPid_): let go of every member that owns threads, sockets or
   // segments without running its destructor; true when it did. Any thread.
   bool abandonInForkedChild();
@@ -320,22 +315,13 @@ class DdpliteBackend final : public c10d::Backend {
   std::atomic<int64_t> timeoutMs_;
   std::atomic<bool> timing_{false};  // enableCollectivesTiming; read relaxed when an op is issued
   std::unique_ptr<mpi::GroupComm> mpiComm_;              // null unless one MPI job
-  std::unique_ptr<mpi::GroupComm> mpiDataComm_;          // a duplicate for mpiCollectives_
-  std::unique_ptr<cpu::MpiCollectives> mpiCollectives_;  // null unless DDPLITE_CPU_TRANSPORT=mpi
   std::unique_ptr<Bootstrap> bootstrap_;  // NCCL unique id and device ids: MPI in one MPI job, else the store
-  std::unique_ptr<Transport> transport_;
-  std::unique_ptr<cpu::P2pEngine> p2p_;
-  // set when the group's ranks share memory (connectSharedMemory); uses transport_ as its
-  // liveness probe
-  std::unique_ptr<cpu::ShmGroup> shm_;
-  // set when the group spans hosts and some host holds several of its ranks (connectHostHierarchy)
-  std::unique_ptr<cpu::HostHierarchy> hosts_;
-  std::string cpuPathWhy_;  // written once in the constructor
-  const char* p2pPath_ = "TCP";  // what carries send/recv: written once in the constructor
+  // Everything CPU tensors travel through: the collectives' transports, segments or hierarchy,
+  // MPI's collectives, the send/recv engine (cpu/cpu_path.hpp). Set once in the constructor.
+  std::unique_ptr<cpu::CpuPath> cpu_;
   std::atomic<uint64_t> p2pSeq_{0};
   std::atomic<uint64_t> monitoredBarriers_{0};  // calls so far: every rank counts alike
   CoalescingCollector coalescing_;  // the caller's thread only (see coalescing.hpp)
-  cpu::Scratch scratch_;  // worker thread only
   const cpu::KernelSet* kernels_ = nullptr;  // written once in the constructor
 
   mutable std::mutex enqueueMutex_;  // makes "assign seq + enqueue" atomic

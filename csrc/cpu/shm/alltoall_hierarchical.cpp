@@ -25,8 +25,12 @@
 // Cost, with B = the bytes a rank sends to remote ranks (and receives from them): network, H-1
 // messages in and out per leader, of L B / (H-1) bytes on average, instead of P-L messages of B/(P-L)
 // per rank; memory, a non-leader copies B twice more (its packages), the leader L B three times
-// more (packages in, messages, packages out). Segment syncs: 2 + ceil(block / (C/L)) in each of
-// steps 1, 2 and 4.
+// more (packages in, messages, packages out). Segment syncs: 1 + K in each of steps 1, 2 and 4,
+// K = the pieces of the largest transfer of the step through slots of C/L bytes: 16P bytes of
+// sizes in step 1; a package of about B bytes (plus a block) in steps 2 and 4. So the syncs grow
+// with B / (C/L): with 64 KB blocks at 16 hosts x 4 ranks (B about 3.9 MB, C/L = 128 KiB), about
+// 31 per step, where flat TCP sends 63 messages; past such sizes flat TCP measured faster
+// (docs/scale.md, "all_to_all across hosts").
 #include "common/errors.hpp"
 #include "cpu/shm/host_hierarchy.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
@@ -108,20 +112,18 @@ class LeaderPart {
       packageBytes[static_cast<size_t>(j)] = in;
       deliverBytes[static_cast<size_t>(j)] = out;
     }
-    size_t messageOut = 0, messagesIn = 0;
-    messageIn_.assign(static_cast<size_t>(hosts_.hosts()), 0);
+    size_t messageOut = 0, messageIn = 0;  // the largest of each: one message at a time each way
     for (int host = 0; host < hosts_.hosts(); ++host) {
       if (host == hosts_.myHost()) continue;
       messageOut = std::max(messageOut, messageBytes(host, /*outgoing=*/true));
-      messageIn_[static_cast<size_t>(host)] = messagesIn;
-      messagesIn += messageBytes(host, /*outgoing=*/false);
+      messageIn = std::max(messageIn, messageBytes(host, /*outgoing=*/false));
     }
-    size_t total = messageOut + messagesIn;
+    size_t total = messageOut + messageIn;
     for (int j = 1; j < local; ++j) total += packageBytes[static_cast<size_t>(j)] + deliverBytes[static_cast<size_t>(j)];
     char* staged = hosts_.staging(total);
     messageOutAt_ = staged;
-    messagesInAt_ = staged + messageOut;
-    char* next = messagesInAt_ + messagesIn;
+    messageInAt_ = staged + messageOut;
+    char* next = messageInAt_ + messageIn;
     packages_.assign(static_cast<size_t>(local), nullptr);
     deliveries_.assign(static_cast<size_t>(local), nullptr);
     deliveryBytes_ = deliverBytes;
@@ -151,9 +153,8 @@ class LeaderPart {
       const int to = (mine + step) % hostCount;
       const int from = (mine - step + hostCount) % hostCount;
       const size_t outBytes = packMessageFor(to);
-      char* in = messagesInAt_ + messageIn_[static_cast<size_t>(from)];
-      leaders.sendRecv(to, messageOutAt_, outBytes, from, in, messageBytes(from, false), args_.deadline);
-      unpackMessageFrom(from, in);
+      leaders.sendRecv(to, messageOutAt_, outBytes, from, messageInAt_, messageBytes(from, false), args_.deadline);
+      unpackMessageFrom(from, messageInAt_);
     }
   }
 
@@ -257,12 +258,11 @@ class LeaderPart {
   const int size_;
   std::vector<size_t> packageOffset_;  // [j * P + peer]: where j's block for remote `peer` sits in its package
   std::vector<size_t> deliverOffset_;  // [j * P + peer]: where remote `peer`'s block for j sits in j's delivery
-  std::vector<size_t> messageIn_;      // by host: where its message lands, from messagesInAt_
   std::vector<char*> packages_;        // by local rank (0: none)
   std::vector<char*> deliveries_;      // by local rank (0: none)
   std::vector<size_t> deliveryBytes_;
   char* messageOutAt_ = nullptr;
-  char* messagesInAt_ = nullptr;
+  char* messageInAt_ = nullptr;
 };
 
 }  // namespace

@@ -169,7 +169,7 @@ std::string headerMismatch(const WireHeader& header, const Fingerprint& mine, ui
   field(header.root != mine.root, "root", strCat(mine.root), strCat(header.root));
   field(header.bytes != mine.bytes, "size", strCat(mine.bytes, " bytes"), strCat(header.bytes, " bytes"));
   if (diff.empty() && header.messageBytes != expectedBytes) {  // the same collective, another length
-    return strCat("collective mismatch: ", peer, " sends a message of ", header.messageBytes, " bytes in ",
+    return strCat("collective mismatch: ", peer, " sends ", header.messageBytes, " bytes at once in ",
                   mine.describe(), ", where this rank expects ", expectedBytes, " [message length: ", expectedBytes,
                   " bytes expected here, ", header.messageBytes,
                   " bytes sent by the peer (all_to_all split sizes that do not match, or a "
