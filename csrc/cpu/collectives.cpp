@@ -186,7 +186,8 @@ bool fitsSharedMemory(const ShmGroup& group, Collective collective, size_t eleme
 // peers that ran the refused op over TCP sent this rank bytes for it, which wait on its sockets
 // and which shared memory would never read (the TCP path meets them at once). So look: a header
 // of the refused op is kMismatch, named as the TCP path would name it. Only that op's: other
-// bytes may wait there legitimately (a leader's first message of this collective across hosts;
+// bytes may wait there legitimately (a leader's or an all_to_all proxy's first message of this
+// collective across hosts;
 // a peer already in a later op over TCP, after it left a reduce through shared memory early).
 void throwIfPeersSentOverTcp(const CpuContext& ctx, const Fingerprint& fingerprint) {
   for (int peer = 0; ctx.refusedSeq != 0 && peer < ctx.transport.size(); ++peer) {
@@ -292,7 +293,7 @@ void exchangeVia(const CpuContext& ctx, const ExchangeArgs& args, WireKind kind,
     return;
   }
   if (ctx.hosts != nullptr && ctx.hosts->exchangesThroughLeaders() &&
-      (kind != WireKind::kAlltoall || ctx.hosts->alltoallThroughLeaders())) {
+      (kind != WireKind::kAlltoall || ctx.hosts->alltoallThroughProxies())) {
     const Fingerprint hierarchical = fingerprintOf(ctx, kind, kShmAlgorithmIndex, "shm", dtype, -1, root, agreed);
     throwIfPeersSentOverTcp(ctx, hierarchical);
     if (ctx.algorithm != nullptr) *ctx.algorithm = "hierarchical";  // the flight recorder's name for it

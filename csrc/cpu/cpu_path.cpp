@@ -153,14 +153,20 @@ void CpuPath::connectHostHierarchy(Setup& setup, const std::string& spansHosts) 
     DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives over TCP: ", spansHosts, "; ", whyNot);
     return;
   }
-  // gather, scatter and all_to_all through the leaders when the pairs connect on demand
+  // gather and scatter through the leaders, all_to_all through the segments, when the pairs
+  // connect on demand
   const bool exchanges = hosts_->exchangesThroughLeaders();
-  const bool alltoall = hosts_->alltoallThroughLeaders();
+  const bool alltoall = hosts_->alltoallThroughProxies();
   why_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and the group spans ", hosts_->layout(), ": all_reduce, broadcast, "
                 "reduce, all_gather, ", exchanges ? "reduce_scatter, gather, scatter" : "reduce_scatter",
-                alltoall ? ", all_to_all" : "", " and barrier within each host through shared memory and "
-                "across hosts over TCP among one leader per host");
-  if (!alltoall) why_ += exchanges ? "; all_to_all over TCP" : "; gather, scatter and all_to_all over TCP";
+                " and barrier within each host through shared memory and across hosts over TCP among one "
+                "leader per host");
+  if (alltoall) {
+    why_ += "; all_to_all within each host through shared memory and across hosts over TCP, one rank of each "
+            "host per other host";
+  } else {
+    why_ += exchanges ? "; all_to_all over TCP" : "; gather, scatter and all_to_all over TCP";
+  }
   if (hosts_->local() != nullptr) {
     why_ += strCat("; steps in this host's segment synchronise through ", hosts_->local()->syncDescription());
   }

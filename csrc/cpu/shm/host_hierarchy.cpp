@@ -48,7 +48,7 @@ std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous
   }
   hierarchy->layout_ = describeLayout(hosts);
   hierarchy->exchangesThroughLeaders_ = env::connectOnDemand(size);
-  hierarchy->alltoallThroughLeaders_ =
+  hierarchy->alltoallThroughProxies_ =
       hierarchy->exchangesThroughLeaders_ && shm::exchangeFits(chunkBytes, hierarchy->maxRanksPerHost_);
   std::vector<int> leaders;
   const std::vector<int>* mine = nullptr;

@@ -1,10 +1,10 @@
 // A group whose ranks span hosts, seen as hosts: the ranks of each host share a segment (a
 // ShmGroup over just them), and one leader per host (its lowest rank) talks to the other hosts'
 // leaders over the group's TCP mesh. The *_hierarchical.cpp files run all_reduce, broadcast,
-// reduce, all_gather, reduce_scatter and barrier on it, and gather, scatter and all_to_all when
-// the group connects on demand (exchangesThroughLeaders; else they run over TCP among all ranks).
-// Its send/recv go through channels among each host's ranks
-// (backend: connectHostChannels).
+// reduce, all_gather, reduce_scatter and barrier on it, and gather and scatter when the group
+// connects on demand (exchangesThroughLeaders; else they run over TCP among all ranks); all_to_all
+// then too, with one rank of each host per other host on TCP instead of the leader. Its send/recv
+// go through channels among each host's ranks (CpuPath::connectHostChannels).
 //
 // Threading: like ShmGroup (the thread that runs the group's collectives; abort() from any);
 // staging() belongs to that thread too.
@@ -57,17 +57,18 @@ class HostHierarchy {
   int indexOnHost(int rank) const { return indexOnHost_.at(static_cast<size_t>(rank)); }
   // "2 hosts: ranks 0,1 | 2,3"
   const std::string& layout() const { return layout_; }
-  // Whether gather, scatter and all_to_all go through the leaders too (gather_hierarchical.cpp,
-  // alltoall_hierarchical.cpp): when the
-  // group's TCP pairs connect on demand (DDPLITE_CONNECT, the same on every rank). Then the root
+  // Whether gather and scatter go through the leaders too (gather_hierarchical.cpp), and
+  // all_to_all through the segments (alltoall_hierarchical.cpp): when the group's TCP pairs
+  // connect on demand (DDPLITE_CONNECT, the same on every rank). Then the root
   // holds sockets to a few leaders instead of one per rank. With every pair connected at init,
   // they go flat over TCP: on this 2-core VM the flat path measured 1.3-2.6x faster at 4 and 8
   // namespace hosts x 2 ranks (docs/scale.md), since the hierarchy adds a sync in each segment.
   bool exchangesThroughLeaders() const { return exchangesThroughLeaders_; }
-  // Whether all_to_all goes through the leaders: when gather and scatter do, and each rank of the
-  // most crowded host gets a slot of at least 64 bytes in a chunk (shm::exchangeFits), which every
-  // rank computes alike.
-  bool alltoallThroughLeaders() const { return alltoallThroughLeaders_; }
+  // Whether all_to_all goes through the segments, with one rank per pair of hosts on TCP (its
+  // proxies): when gather and scatter go through the leaders, and each rank of the most crowded
+  // host gets a slot of at least 64 bytes in a chunk (shm::exchangeFits), which every rank
+  // computes alike.
+  bool alltoallThroughProxies() const { return alltoallThroughProxies_; }
   // The host-major staging of P blocks of `block` bytes (all_gather, reduce_scatter, gather,
   // scatter): one slot of maxRanksPerHost() blocks per host. The bytes of a slot, and where
   // `rank`'s block sits among all the slots.
@@ -109,7 +110,7 @@ class HostHierarchy {
   int maxRanksPerHost_ = 0;
   bool hostMajorIsRankOrder_ = false;
   bool exchangesThroughLeaders_ = false;
-  bool alltoallThroughLeaders_ = false;
+  bool alltoallThroughProxies_ = false;
   Scratch staging_;
   std::vector<int> localRanks_;
   std::vector<std::vector<int>> ranksByHost_;

@@ -108,7 +108,8 @@ void gatherAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& 
 void scatterAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& scratch,
                         const Fingerprint& fingerprint, uint64_t refusedSeq);
 // all_to_all of a group across hosts (alltoall_hierarchical.cpp), when the hierarchy says
-// alltoallThroughLeaders(): uneven spans as on TCP; args.transport is not used.
+// alltoallThroughProxies(): uneven spans as on TCP; args.transport is the group's TCP mesh, which
+// one rank per pair of hosts uses.
 void alltoallAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, const Fingerprint& fingerprint,
                          uint64_t refusedSeq);
 void exchange(ShmGroup& group, const ExchangeArgs& args, WireKind kind);  // exchange.cpp

@@ -58,12 +58,21 @@ struct Fingerprint {
   uint8_t part = 0;          // which byte-level collective of the op (coalesced ops run several);
                              // numbered by the transport (TcpTransport::beginCollective)
   const char* algorithmName = "";  // not on the wire: this rank's name for `algorithm`
+  // Not on the wire: beginCollective keeps `part` as given instead of numbering it. For a part
+  // that ranks reach after different histories within the op (kProxiesPart).
+  bool partGiven = false;
 
   // True when `other` describes the same collective (opName and algorithmName aside).
   bool sameCollective(const Fingerprint& other) const;
   // "allreduce #12 (ring, Float, SUM, 4000 bytes)".
   std::string describe() const;
 };
+
+// The part of the proxies' messages of a hierarchical all_to_all (alltoall_hierarchical.cpp):
+// within its op, only the hosts' leaders may have armed the mesh before (the DETAIL argument
+// check's all_gather), so numbering would differ between a leader and a rank that leads no host;
+// the last part number, the same everywhere and above any earlier part of the op.
+constexpr uint8_t kProxiesPart = 255;
 
 // Names the algorithm a header carries (the selector's index for `kind`), for messages; "" when
 // unknown. The algorithm layer registers it (cpu/algorithms/selector.cpp, at load time), so that

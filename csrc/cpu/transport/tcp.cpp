@@ -750,7 +750,7 @@ void TcpTransport::beginCollective(const Fingerprint& fingerprint) {
   // The byte-level collectives of one op (a coalesced op has several) share its sequence
   // number and are told apart by their part, numbered here in the order they run.
   const bool nextPart = armed_ && fingerprint.seq == fingerprint_.seq;
-  const uint8_t part = nextPart ? static_cast<uint8_t>(fingerprint_.part + 1) : 0;
+  const uint8_t part = fingerprint.partGiven ? fingerprint.part : nextPart ? static_cast<uint8_t>(fingerprint_.part + 1) : 0;
   armed_ = true;
   fingerprint_ = fingerprint;
   fingerprint_.part = part;
