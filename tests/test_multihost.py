@@ -563,6 +563,21 @@ def test_refused_call_then_a_late_leader_is_no_mismatch(hosts):
     assert network.pids() == []
 
 
+def mismatch_everywhere(results):
+    """Each rank's OUTCOME: a DistBackendError saying "collective mismatch" (its own or quoted from
+    the first failure), raised within 15 s (the groups' timeout is 60 s)."""
+    outcomes = []
+    for rank, (_, output, _) in enumerate(results):
+        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
+        assert reported, f"rank {rank}:\n{output[-5000:]}"
+        outcome = json.loads(reported[0][len("OUTCOME "):])
+        assert outcome["raised"] == "DistBackendError", (rank, outcome)
+        assert "collective mismatch" in outcome["message"], (rank, outcome["message"])
+        assert outcome["seconds"] < 15, (rank, outcome)
+        outcomes.append(outcome)
+    return outcomes
+
+
 MISMATCHED_RANK = """
 import json, sys, time
 from datetime import timedelta
@@ -595,13 +610,7 @@ def test_hierarchical_collectives_that_differ_are_a_mismatch_on_every_rank(hosts
     jobs = [start(network.run(host, [sys.executable, "-c", MISMATCHED_RANK, url, str(rank), "4", "3"]),
                   host_environment("eth0")) for rank, host in enumerate([0, 0, 1, 1])]
     results = finish(jobs, timeout=120)
-    for rank, (returncode, output, _) in enumerate(results):
-        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
-        assert reported, f"rank {rank}:\n{output[-5000:]}"
-        outcome = json.loads(reported[0][len("OUTCOME "):])
-        assert outcome["raised"] == "DistBackendError", (rank, outcome)
-        assert "collective mismatch" in outcome["message"], (rank, outcome["message"])
-        assert outcome["seconds"] < 15, (rank, outcome)
+    mismatch_everywhere(results)
     assert network.pids() == []
 
 
@@ -650,20 +659,12 @@ def test_hierarchical_all_to_all_with_splits_that_differ_fails_on_every_rank(hos
     jobs = [start(network.run(host, [sys.executable, "-c", SPLITS_RANK, url, str(rank), "4", case]), env)
             for rank, host in enumerate([0, 0, 1, 1])]
     results = finish(jobs, timeout=120)
-    for rank, (returncode, output, _) in enumerate(results):
-        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
-        assert reported, f"rank {rank}:\n{output[-5000:]}"
-        outcome = json.loads(reported[0][len("OUTCOME "):])
-        assert outcome["raised"] == "DistBackendError", (rank, outcome)
-        assert "collective mismatch" in outcome["message"], (rank, outcome["message"])
-        assert outcome["seconds"] < 15, (rank, outcome)
-        print(f"rank {rank}: {outcome['seconds']:.1f} s: {outcome['message'].splitlines()[0]}")
-    leader = json.loads([line for line in results[0][1].splitlines() if line.startswith("OUTCOME ")][0][8:])
+    outcomes = mismatch_everywhere(results)
+    leader = outcomes[0]
     if case == "local":
         assert "sends 12 bytes to this rank, which expects 8 [message length: 8 bytes expected here, 12 bytes " \
             "sent by the peer" in leader["message"], leader
-        other = json.loads([line for line in results[1][1].splitlines() if line.startswith("OUTCOME ")][0][8:])
-        assert "sends 12 bytes to rank 0, which expects 8" in other["message"], other
+        assert "sends 12 bytes to rank 0, which expects 8" in outcomes[1]["message"], outcomes[1]
     elif case == "length":
         assert "message length: 40 bytes expected here, 44 bytes sent by the peer" in leader["message"], leader
     else:

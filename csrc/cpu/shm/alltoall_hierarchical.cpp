@@ -113,8 +113,10 @@ class AlltoallAcrossHosts {
     for (int j = 0; j < local_; ++j) {
       if (j == me_) continue;
       char* out = packageOut_[static_cast<size_t>(j)];
-      size_t offset = 0;
-      for (int peer : withLocal(j)) {
+      const Span& direct = args_.sendSpans[static_cast<size_t>(locals_[static_cast<size_t>(j)])];
+      copyBytes(out, args_.sendData + direct.offset, direct.bytes);
+      size_t offset = direct.bytes;  // then the blocks for R_j
+      for (int peer : proxied_[static_cast<size_t>(j)]) {
         const Span& span = args_.sendSpans[static_cast<size_t>(peer)];
         copyBytes(out + offset, args_.sendData + span.offset, span.bytes);
         offset += span.bytes;
@@ -199,18 +201,11 @@ class AlltoallAcrossHosts {
     return (after - 1) % ranks;
   }
 
-  // The ranks whose blocks make local rank j's package, in order: j itself, then R_j.
-  std::vector<int> withLocal(int j) const {
-    std::vector<int> ranks{locals_[static_cast<size_t>(j)]};
-    const std::vector<int>& remote = proxied_[static_cast<size_t>(j)];
-    ranks.insert(ranks.end(), remote.begin(), remote.end());
-    return ranks;
-  }
-
-  // Local rank i's package for local proxy j (step 2), and proxy p's delivery to local rank j (step 4).
+  // Local rank i's package for local proxy j (step 2: its block for j, then those for R_j), and
+  // proxy p's delivery to local rank j (step 4).
   size_t packageBytes(int i, int j) const {
-    size_t bytes = 0;
-    for (int peer : withLocal(j)) bytes += rows_.sends(i, peer);
+    size_t bytes = rows_.sends(i, locals_[static_cast<size_t>(j)]);
+    for (int peer : proxied_[static_cast<size_t>(j)]) bytes += rows_.sends(i, peer);
     return bytes;
   }
   size_t deliveryBytes(int p, int j) const {
@@ -254,8 +249,11 @@ class AlltoallAcrossHosts {
     packageIn_.assign(static_cast<size_t>(local_), nullptr);
     deliveryOut_.assign(static_cast<size_t>(local_), nullptr);
     deliveryIn_.assign(static_cast<size_t>(local_), nullptr);
-    packageOffset_.assign(static_cast<size_t>(local_) * size_, 0);
-    deliveryOffset_.assign(static_cast<size_t>(local_) * size_, 0);
+    const std::vector<int>& mine = proxied_[static_cast<size_t>(me_)];
+    positionInMine_.assign(static_cast<size_t>(size_), -1);
+    for (size_t k = 0; k < mine.size(); ++k) positionInMine_[static_cast<size_t>(mine[k])] = static_cast<int>(k);
+    packageOffset_.assign(static_cast<size_t>(local_) * mine.size(), 0);
+    deliveryOffset_.assign(static_cast<size_t>(local_) * mine.size(), 0);
     for (int j = 0; j < local_; ++j) {
       if (j == me_) continue;
       packageOut_[static_cast<size_t>(j)] = take(packageBytes(me_, j));
@@ -263,7 +261,7 @@ class AlltoallAcrossHosts {
       deliveryOut_[static_cast<size_t>(j)] = take(deliveryBytes(me_, j));
       deliveryIn_[static_cast<size_t>(j)] = take(deliveryBytes(j, me_));
       size_t in = rows_.sends(j, hosts_.rank()), out = 0;
-      for (int peer : proxied_[static_cast<size_t>(me_)]) {
+      for (int peer : mine) {
         packageOffset_[at(j, peer)] = in;
         in += rows_.sends(j, peer);
         deliveryOffset_[at(j, peer)] = out;
@@ -272,7 +270,11 @@ class AlltoallAcrossHosts {
     }
   }
 
-  size_t at(int j, int peer) const { return static_cast<size_t>(j) * size_ + static_cast<size_t>(peer); }
+  // Where local rank j's entry for `peer` (in R_me) sits in packageOffset_ and deliveryOffset_.
+  size_t at(int j, int peer) const {
+    return static_cast<size_t>(j) * proxied_[static_cast<size_t>(me_)].size() +
+           static_cast<size_t>(positionInMine_[static_cast<size_t>(peer)]);
+  }
 
   const char* blockFrom(int j, int peer) const {
     if (j == me_) return args_.sendData + args_.sendSpans[static_cast<size_t>(peer)].offset;
@@ -342,8 +344,9 @@ class AlltoallAcrossHosts {
   const int size_;
   std::vector<std::vector<int>> proxied_;  // by local rank p: R_p
   std::vector<char*> packageOut_, packageIn_, deliveryOut_, deliveryIn_;  // by local rank (none for this one)
-  std::vector<size_t> packageOffset_;   // [j * P + peer]: where j's block for `peer` in R_me sits in its package
-  std::vector<size_t> deliveryOffset_;  // [j * P + peer]: where `peer`'s block for j sits in j's delivery
+  std::vector<int> positionInMine_;     // by group rank: its index in R_me, -1 when not in it
+  std::vector<size_t> packageOffset_;   // [at(j, peer)]: where j's block for `peer` in R_me sits in its package
+  std::vector<size_t> deliveryOffset_;  // [at(j, peer)]: where `peer`'s block for j sits in j's delivery
   char* messageOutAt_ = nullptr;
   char* messageInAt_ = nullptr;
 };

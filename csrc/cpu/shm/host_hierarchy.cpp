@@ -43,7 +43,6 @@ std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous
   hierarchy->rank_ = rank;
   hierarchy->ranksByHost_ = hosts;
   for (const auto& ranks : hosts) {
-    hierarchy->ranksOnHost_.push_back(static_cast<int>(ranks.size()));
     hierarchy->maxRanksPerHost_ = std::max(hierarchy->maxRanksPerHost_, static_cast<int>(ranks.size()));
   }
   hierarchy->layout_ = describeLayout(hosts);

@@ -40,7 +40,7 @@ class HostHierarchy {
   int groupSize() const { return static_cast<int>(hostOfRank_.size()); }
   int maxRanksPerHost() const { return maxRanksPerHost_; }
   // How many of the group's ranks host `host` holds.
-  int ranksOn(int host) const { return ranksOnHost_.at(static_cast<size_t>(host)); }
+  int ranksOn(int host) const { return static_cast<int>(ranksOf(host).size()); }
   // Whether rank r sits at block hostOf(r) * maxRanksPerHost() + indexOnHost(r) (every host holds
   // as many ranks, consecutive: 0,1 | 2,3): then the host-major order of all_gather and
   // reduce_scatter is the rank order, and their data needs no staging copy.
@@ -114,7 +114,6 @@ class HostHierarchy {
   Scratch staging_;
   std::vector<int> localRanks_;
   std::vector<std::vector<int>> ranksByHost_;
-  std::vector<int> ranksOnHost_;  // by host
   std::vector<int> hostOfRank_;   // by group rank
   std::vector<int> indexOnHost_;  // by group rank
   std::string layout_;
