@@ -674,14 +674,21 @@ def test_hierarchical_all_to_all_with_splits_that_differ_fails_on_every_rank(hos
 
 
 ALLTOALL_SOCKETS_RANK = """
-import json, sys
+import json, sys, time
 from datetime import timedelta
 sys.path.insert(0, sys.argv[4])
 import torch, torch.distributed as dist
 import scale_workers
 url, rank, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=120))
+store = dist.distributed_c10d._get_default_store()
+def store_barrier(key):  # over the store's existing connection: opens no socket
+    store.add(key, 1)
+    while store.add(key, 0) < size:
+        time.sleep(0.01)
+store_barrier("count")  # no rank connects to this one (all_to_all) before it has counted
 before = scale_workers._sockets()
+store_barrier("counted")
 source = torch.arange(size * 3, dtype=torch.float32) + 100 * rank  # 3 elements for each rank
 output = torch.empty(size * 3)
 dist.all_to_all_single(output, source)
