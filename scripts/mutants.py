@@ -3,8 +3,9 @@
 
 Each mutant changes one line of the C++ sources. The script clones the current commit into a
 scratch folder (your checkout and its installed extension are not touched), builds the extension
-there once, then for every mutant: applies it, rebuilds incrementally, runs the fast subset with
-``-x`` (stop at the first failure) and restores the file. A mutant is *killed* when a test fails,
+there once, then for every mutant: applies it, rebuilds incrementally, runs the fast subset (or
+the mutant's own tests of CI's suite, for code the subset does not reach) with ``-x`` (stop at
+the first failure) and restores the file. A mutant is *killed* when a test fails,
 *survived* when the whole subset passes. Every mutant must be killed.
 
     python3 scripts/mutants.py                     # all mutants, table to stdout and --table
@@ -41,6 +42,10 @@ class Mutant:
     before: str    # must occur exactly once in the file
     after: str
     what: str      # the bug it stands for
+    # The tests of CI's suite that must kill it (pytest arguments), when the fast subset cannot:
+    # the code of connections on demand, shrink, the fork guard and the hierarchy is exercised by
+    # tests of its own.
+    tests: tuple = ()
 
 
 MUTANTS = [
@@ -157,6 +162,80 @@ MUTANTS = [
            "const size_t at = static_cast<size_t>(tail % ringBytes_);",
            "const size_t at = static_cast<size_t>((tail + 1) % ringBytes_);",
            "send/recv channel: the consumer reads one byte past the ring's tail"),
+    # Issue 41: connections on demand, the arrival tree, combining on arrival, the hierarchy's
+    # offsets, shrink's agreement, process identity and the fork guard, each killed by its own tests.
+    Mutant("on_demand_tie_break_reversed", "cpu/transport/tcp_on_demand.cpp",
+           "(!state.connecting[static_cast<size_t>(peer)] || peer < setup.rank)",
+           "(!state.connecting[static_cast<size_t>(peer)] || peer > setup.rank)",
+           "two ranks connecting to each other at once keep the higher rank's connection",
+           ("tests/test_on_demand.py",)),
+    Mutant("on_demand_pending_cap_per_rank", "cpu/transport/tcp_on_demand.cpp",
+           "acceptWaitingConnections(state.setup, state.listener, 0, pending);",
+           "acceptWaitingConnections(state.setup, state.listener, size_, pending);",
+           "on demand, P + 64 handshakes may be pending at once instead of 64",
+           ("tests/test_auth.py", "-k", "silent_strangers")),
+    Mutant("on_demand_listener_open_after_abort", "cpu/transport/tcp.cpp",
+           "  // listener (its connect is refused: kPeerClosed within kRefusedMeansGone), not at its deadline.\n"
+           "  stopAcceptor();",
+           "  // listener (its connect is refused: kPeerClosed within kRefusedMeansGone), not at its deadline.\n",
+           "after abort() the on-demand listener stays open and drops every handshake: a peer retries until its deadline",
+           ("tests/test_departure.py",)),
+    Mutant("on_demand_address_read_unbounded", "cpu/transport/tcp_on_demand.cpp",
+           "setup.rendezvous.getBefore(setup.addressKey(peer), strCat(\"the address of rank \", peer), deadline, &aborted_);",
+           "std::optional<std::string>(setup.rendezvous.get(setup.addressKey(peer), \"an address\"));",
+           "a pair's first connect waits for the peer's address as long as the store allows, through abort()",
+           ("tests/test_on_demand.py", "-k", "unpublished")),
+    Mutant("shm_abort_not_departed", "cpu/shm/shm_group.cpp",
+           "control(rank_).departed.compare_exchange_strong(none, static_cast<uint32_t>(why), std::memory_order_seq_cst);",
+           "(void)none;",
+           "a rank that aborts or leaves says so only in its own process: its peers wait for it in the segment",
+           ("tests/test_departure.py",)),
+    Mutant("tree_arrival_not_marked", "cpu/shm/shm_group.cpp",
+           "    arrive(which, step);\n    markArrived(which, step);",
+           "    arrive(which, step);",
+           "a peer that arrived at the tree and then left is taken for one that died before its arrival",
+           ("tests/test_shm_tree.py", "-k", "left_after_its_arrival")),
+    Mutant("tree_node_completes_early", "cpu/shm/shm_group.cpp",
+           "if (before + 1 < static_cast<uint32_t>(tree_.membersOf(level, member))) return;",
+           "if (before + 2 < static_cast<uint32_t>(tree_.membersOf(level, member))) return;",
+           "an arrival-tree node completes one arrival early (the step is released before the last rank posted)",
+           ("tests/test_shm_tree.py",)),
+    Mutant("combine_publishes_before_writing", "cpu/shm/shm_group.cpp",
+           "  if (which == Flag::kPosted && combine_ != nullptr) combineAtRoot(step);\n"
+           "  GroupWake& group = groupWake(which);\n"
+           "  // seq_cst, then `sleepers`: the waiter's protocol in waitForTree (as publish's for flat waits).\n"
+           "  group.treeReached.store(step, std::memory_order_seq_cst);",
+           "  GroupWake& group = groupWake(which);\n"
+           "  group.treeReached.store(step, std::memory_order_seq_cst);\n"
+           "  if (which == Flag::kPosted && combine_ != nullptr) combineAtRoot(step);",
+           "the rank that combines a small all_reduce on arrival releases the step before it wrote the result",
+           ("tests/test_shm_tree.py", "-k", "flat_bits")),
+    Mutant("alltoall_proxy_delivery_offset", "cpu/shm/alltoall_hierarchical.cpp",
+           "deliveryOffset_[at(j, peer)] = out;",
+           "deliveryOffset_[at(j, peer)] = 0;",
+           "all_to_all across hosts: a proxy puts every block it delivers to a local rank at the start of its delivery",
+           ("tests/test_multihost.py", "-k", "hierarchical_collectives_across_hosts and 2+2-on-demand")),
+    Mutant("allgather_hierarchical_rank_major", "cpu/shm/allgather_hierarchical.cpp",
+           "const size_t at = hosts.stagedOffset(owner, block);",
+           "const size_t at = static_cast<size_t>(owner) * block;",
+           "hierarchical all_gather reads the staged blocks in rank order where they are host-major",
+           ("tests/test_multihost.py", "-k", "not_host_major")),
+    Mutant("shrink_ignores_decision", "backend/backend.cpp",
+           "    const std::string decided = decide(strCat(\"agreed \", mine));\n"
+           "    if (decided.rfind(\"abandoned\", 0) == 0) throwAbandoned(decided);",
+           "    decide(strCat(\"agreed \", mine));",
+           "a survivor that agrees after the others abandoned a shrink builds the new group alone",
+           ("tests/test_shrink.py",)),
+    Mutant("process_identity_ignores_pid_reuse", "common/process_identity.cpp",
+           "  if (line.startTicks != peer.startTicks) return ProcessState::kEnded;  // the pid was handed on\n",
+           "",
+           "a rank's pid handed on to another process reads as the rank still running",
+           ("tests/test_process_identity.py",)),
+    Mutant("fork_guard_registers_late", "common/fork_guard.cpp",
+           "      registry->emplace_back(fd, owner);\n    } catch (...) {",
+           "      (void)owner;\n    } catch (...) {",
+           "a socket made on demand is not registered with the fork guard at its creation",
+           ("tests/test_fork.py", "-k", "while_a_pair_connects")),
 ]
 
 
@@ -202,10 +281,12 @@ def build(workdir, log):
     return code == 0, seconds
 
 
-def run_subset(workdir, log, timeout_s):
+def run_subset(workdir, log, timeout_s, tests=()):
+    """The fast subset, or `tests` (a mutant's own): "killed" at the first failure."""
     env = environment(workdir)
     env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD")
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-rf", *SUBSET]
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-rf",
+               *(tests or SUBSET)]
     code, output, seconds = run(command, workdir, env, timeout=timeout_s, log=log)
     if code is None:
         return "killed", f"(timed out after {timeout_s} s)", seconds
@@ -307,17 +388,19 @@ def main():
     check_imports_clone(args.workdir)
     print(f"baseline build {seconds:.0f} s", flush=True)
     if not args.skip_baseline:
-        outcome, test, seconds = run_subset(args.workdir, log, args.timeout)
-        print(f"baseline tests: {outcome} {test} ({seconds:.0f} s)", flush=True)
-        if outcome != "survived":
-            sys.exit("the fast subset fails without any mutant; fix that first")
+        for tests in dict.fromkeys(m.tests for m in chosen):  # the fast subset (), and each mutant's own tests
+            outcome, test, seconds = run_subset(args.workdir, log, args.timeout, tests)
+            print(f"baseline tests {' '.join(tests or ['(fast subset)'])}: {outcome} {test} ({seconds:.0f} s)",
+                  flush=True)
+            if outcome != "survived":
+                sys.exit("these tests fail without any mutant; fix that first")
     rows = []
     for mutant in chosen:
         original = apply(args.workdir, mutant)
         try:
             built, build_s = build(args.workdir, log)
             if built:
-                outcome, test, test_s = run_subset(args.workdir, log, args.timeout)
+                outcome, test, test_s = run_subset(args.workdir, log, args.timeout, mutant.tests)
             else:
                 outcome, test, test_s = "build failed", "", 0.0
         finally:
@@ -331,7 +414,8 @@ def main():
              "| mutant | bug it stands for | outcome | first failing test | tests (s) |",
              "|---|---|---|---|---|"]
     for mutant, outcome, test, _, test_s in rows:
-        lines.append(f"| `{mutant.name}` | {mutant.what} (csrc/{mutant.path}) | {outcome} | `{test}` | {test_s:.0f} |")
+        own = f"; its tests: `{' '.join(mutant.tests)}`" if mutant.tests else ""
+        lines.append(f"| `{mutant.name}` | {mutant.what} (csrc/{mutant.path}{own}) | {outcome} | `{test}` | {test_s:.0f} |")
     killed = sum(1 for row in rows if row[1] == "killed")
     lines += ["", f"{killed} of {len(rows)} killed."]
     table = "\n".join(lines) + "\n"

@@ -142,3 +142,31 @@ def forked_child_uses_the_group(rank, world_size):
     if rank == 0:
         result["child"] = child_outcome
     return result
+
+
+def fork_during_a_handshake(rank, world_size):
+    """DDPLITE_CONNECT=on_demand over TCP with DDPLITE_TEST_HOOKS=tcp_hello_delay=1000: the first
+    all_reduce's connects (both ranks connect to each other) hold their hello for a second, while
+    each rank's acceptor holds the peer's connection in its handshake. Each rank forks (as a
+    DataLoader worker would) in that window. Returns the established TCP sockets the child held
+    (fork_guard must have closed every one, registered since its socket() or accept4()), those the
+    parent held then (the window was real), and the sum."""
+    from scale_workers import _sockets
+
+    tensor = torch.full((10,), float(rank + 1))
+    work = dist.all_reduce(tensor, async_op=True)
+    time.sleep(0.4)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # one thread here: count, report, leave without running any cleanup
+        try:
+            os.write(write_end, str(_sockets()).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    parent_held = _sockets()
+    child_held = int(os.read(read_end, 64).decode())
+    os.close(read_end)
+    os.waitpid(child, 0)
+    work.wait()
+    return {"child_held": child_held, "parent_held": parent_held, "sum": tensor[0].item()}

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 _PRELOAD = ["torch", "torch.distributed", "torch_ddp_lite", "workers", "sweeps", "groups_p2p", "companions",
             "mismatch_workers", "shm_workers", "fuzz_workers", "soak_workers", "trace_workers",
-            "parity_workers", "teardown_workers", "review_workers", "observability_workers", "scale_workers", "fork_workers", "shrink_workers"]
+            "parity_workers", "teardown_workers", "review_workers", "observability_workers", "scale_workers", "fork_workers", "shrink_workers", "departure_workers"]
 _context = None
 
 

@@ -300,3 +300,15 @@ def sparse_all_reduce(rank, world_size, backend):
     dist.all_reduce(check, group=group)
     out["after"] = check.tolist()
     return out
+
+
+def barrier_with_device_ids(rank, world_size):
+    """dist.barrier(device_ids=...) on a CPU group, as Accelerate's wait_for_everyone() calls it
+    (device_ids=[local rank]) and with device 0: the last rank arrives 0.5 s late each time, so
+    every other rank's barrier must last about that long. Per call: _outcome."""
+    outcomes = []
+    for ids in ([rank], [0]):
+        if rank == world_size - 1:
+            time.sleep(0.5)
+        outcomes.append(_outcome(lambda: dist.barrier(device_ids=ids)))
+    return outcomes

@@ -242,3 +242,206 @@ def recv_from_peer_killed_before_connecting(rank, world_size, victim):
     other.wait()
     outcome["from_one"] = from_one.tolist()
     return outcome
+
+
+def _tcp_table():
+    """{socket inode: (state, local port)} of this network namespace's TCP sockets (IPv4 and IPv6)."""
+    table = {}
+    for name in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(name) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                table[fields[9]] = (fields[3], int(fields[1].rsplit(":", 1)[1], 16))
+    return table
+
+
+def _own_sockets():
+    """{inode: (state, local port)} of the TCP sockets this process holds."""
+    table, own = _tcp_table(), {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[len("socket:["):-1] in table:
+            own[target[len("socket:["):-1]] = table[target[len("socket:["):-1]]
+    return own
+
+
+def _store_barrier(store, key, world_size):
+    store.add(key, 1)
+    while store.add(key, 0) < world_size:
+        time.sleep(0.005)
+
+
+def simultaneous_connects(rank, world_size, rounds, collective):
+    """DDPLITE_CONNECT=on_demand over TCP: `rounds` fresh groups, each started on every rank at once
+    (a store barrier) with one `collective` ("all_reduce" at 2 ranks: both connect to each other at
+    the same moment; "all_to_all" at more: every pair). Per round: the established sockets it added
+    on this rank, how many of them this rank made (their local port is not one of its listeners'),
+    the op's seconds, and whether its values are the closed form."""
+    store = dist.distributed_c10d._get_default_store()
+    outcomes = []
+    for round_ in range(rounds):
+        group = dist.new_group(backend="ddplite")
+        before = _own_sockets()
+        _store_barrier(store, f"simultaneous/{round_}", world_size)
+        start = time.monotonic()
+        if collective == "all_reduce":
+            tensor = torch.full((10,), float(rank + 1))
+            dist.all_reduce(tensor, group=group)
+            right = tensor.eq(world_size * (world_size + 1) / 2).all().item()
+        else:
+            sent = torch.arange(world_size, dtype=torch.float32) + 100 * rank
+            got = torch.empty(world_size)
+            dist.all_to_all_single(got, sent, group=group)
+            right = got.tolist() == [float(100 * source + rank) for source in range(world_size)]
+        seconds = time.monotonic() - start
+        after = _own_sockets()
+        listening = {port for state, port in after.values() if state == "0A"}
+        added = [port for inode, (state, port) in after.items() if state == "01" and inode not in before]
+        outcomes.append({"added": len(added), "made": sum(port not in listening for port in added),
+                         "seconds": seconds, "right": right})
+        _store_barrier(store, f"simultaneous/{round_}/counted", world_size)  # no peer leaves before the count
+    return outcomes
+
+
+def _listening_addresses():
+    """("127.0.0.1", port) of each IPv4 TCP listener this process holds."""
+    table, addresses = {}, []
+    with open("/proc/self/net/tcp") as rows:
+        for row in list(rows)[1:]:
+            fields = row.split()
+            if fields[3] == "0A":
+                ip_hex, port_hex = fields[1].split(":")
+                ip = ".".join(str(b) for b in reversed(bytes.fromhex(ip_hex)))
+                table[fields[9]] = ("127.0.0.1" if ip == "0.0.0.0" else ip, int(port_hex, 16))
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[len("socket:["):-1] in table:
+            addresses.append(table[target[len("socket:["):-1]])
+    return addresses
+
+
+def _keep_silent_connections(addresses, per_listener, opened, stop):
+    """Holds `per_listener` silent connections to each address; reconnects each one the listener
+    drops, at once, until `stop` is set (strangers that come back as soon as they are pushed out)."""
+    import select
+    import socket
+
+    held = []
+
+    def one(address):
+        connection = socket.socket()
+        connection.setblocking(True)
+        connection.settimeout(5)
+        connection.connect(address)
+        connection.setblocking(False)
+        return (connection, address)
+
+    for address in addresses:
+        held += [one(address) for _ in range(per_listener)]
+    opened.set()
+    while not stop.is_set():
+        readable, _, _ = select.select([c for c, _ in held], [], [], 0.05)
+        for connection in readable:
+            try:
+                dropped = connection.recv(64) == b""  # a challenge (authentication) is not a drop
+            except (BlockingIOError, InterruptedError):
+                dropped = False
+            except OSError:
+                dropped = True
+            if dropped:
+                index = next(i for i, (c, _) in enumerate(held) if c is connection)
+                address = held[index][1]
+                connection.close()
+                try:
+                    held[index] = one(address)
+                except OSError:
+                    held[index] = (socket.socket(), address)  # the listener is gone: the job ended
+    for connection, _ in held:
+        connection.close()
+
+
+def silent_connections_during_the_job(rank, world_size, attacked, per_listener):
+    """DDPLITE_CONNECT=on_demand over TCP. The last rank opens `per_listener` silent connections to
+    every listener of each rank in `attacked` (its collectives' and send/recv meshes) and reopens
+    each one that is dropped, while the job connects its pairs (an all_to_all: every pair) and
+    computes. Returns this rank's descriptor count before the attack and at its peak, its
+    listeners, and whether the values were right."""
+    import threading
+
+    store = dist.distributed_c10d._get_default_store()
+    attacker = world_size - 1
+    total = torch.full((100,), float(rank + 1))
+    dist.all_reduce(total)  # the group works; some pairs connect
+    if rank in attacked:
+        store.set(f"attack/listeners/{rank}", repr(_listening_addresses()))
+    _store_barrier(store, "attack/published", world_size)
+    before = len(os.listdir("/proc/self/fd"))
+    stop, opened = threading.Event(), threading.Event()
+    if rank == attacker:
+        import ast
+
+        addresses = [a for r in attacked for a in ast.literal_eval(store.get(f"attack/listeners/{r}").decode())]
+        thread = threading.Thread(target=_keep_silent_connections, args=(addresses, per_listener, opened, stop),
+                                  daemon=True)
+        thread.start()
+        if not opened.wait(60):
+            raise AssertionError("the attacker could not open its connections")
+        store.set("attack/opened", "1")
+    store.wait(["attack/opened"])
+    time.sleep(1.0)  # every listener's acceptor has taken (or refused) the strangers
+    peak = len(os.listdir("/proc/self/fd"))
+    right = True
+    for _ in range(3):  # every pair connects (to the attacked ranks too) under the attack
+        sent = torch.arange(world_size, dtype=torch.float32) + 100 * rank
+        got = torch.empty(world_size)
+        dist.all_to_all_single(got, sent)
+        right &= got.tolist() == [float(100 * source + rank) for source in range(world_size)]
+        total = torch.full((100,), float(rank + 1))
+        dist.all_reduce(total)
+        right &= bool(total.eq(world_size * (world_size + 1) / 2).all())
+        peak = max(peak, len(os.listdir("/proc/self/fd")))
+        time.sleep(0.5)
+    peak = max(peak, len(os.listdir("/proc/self/fd")))
+    _store_barrier(store, "attack/counted", world_size)
+    if rank == attacker:
+        stop.set()
+        thread.join(30)
+    _store_barrier(store, "attack/over", world_size)
+    return {"right": right, "before": before, "peak": peak, "listeners": len(_listening_addresses())}
+
+
+def destroy_while_a_recv_waits_for_an_address(rank, world_size):
+    """DDPLITE_CONNECT=on_demand over TCP, 3 ranks: rank 2's send/recv address is taken out of the
+    store, as if rank 2 had died during its init before it published it. Rank 1 posts a recv from
+    rank 2, so its send/recv pump waits for that address; then rank 1 destroys the group. The
+    wait must end with the destroy (abort), not at the store's timeout (60 s here): how long the
+    destroy took."""
+    store = dist.distributed_c10d._get_default_store()
+    key = f"cpu//ddplite/size{world_size}/run0/ddplite/p2p/addr/2"  # torch's prefixes, then ddplite's
+    if rank == 0:
+        store.wait([key], timedelta(seconds=30))  # published (an on-demand init waits for no peer)
+        store.delete_key(key)
+        store.set("address/unpublished", "1")
+    store.wait(["address/unpublished"])
+    if rank == 1:
+        work = dist.irecv(torch.zeros(4), src=2)
+        time.sleep(1.0)  # the pump now waits for rank 2's address
+        start = time.monotonic()
+        dist.destroy_process_group()
+        seconds = time.monotonic() - start
+        try:
+            work.wait()
+            failed = None
+        except Exception as error:  # noqa: BLE001
+            failed = type(error).__name__
+        outcome = {"destroy_seconds": seconds, "recv": failed}
+    else:
+        outcome = {}
+    _store_barrier(store, "address/done", world_size)
+    return outcome

@@ -349,3 +349,34 @@ def inline_once_every_peer_started(rank, world_size, late_rank, tries):
             work.wait()
             outcome["sums right"] &= tensor.tolist() == [total] * 3
     return outcome
+
+
+def peer_leaves_after_its_arrival(rank, world_size):
+    """DDPLITE_TEST_HOOKS=shm_delay_arrival=1:2:1000: in reduce #2 (root 0) rank 1 stores its posted
+    flag, then sleeps a second before its arrival at the tree. The last rank, a non-root, finishes
+    its part meanwhile and leaves (the harness destroys its group, and its process exits), while
+    every flag of the step is stored and the root waits for the tree. That rank arrived: the root
+    must get its sum, not raise that it "never reached the group". Returns the root's sum."""
+    dist.all_reduce(torch.ones(4))
+    tensor = torch.full((5,), float(rank + 1))
+    start = time.monotonic()
+    dist.reduce(tensor, dst=0)
+    return {"sum": tensor.tolist() if rank == 0 else None, "seconds": time.monotonic() - start}
+
+
+def abort_while_peers_wait_in_the_tree(rank, world_size):
+    """Rank 0 aborts half a second after the others entered an all_reduce: how long each waited
+    after the abort, and what it raised."""
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    dist.all_reduce(torch.ones(4))  # the group works before the abort
+    if rank == 0:
+        time.sleep(0.5)
+        aborted_at = time.time()
+        backend.abort()
+        time.sleep(3.0)  # alive, sockets open: only the abort can tell the others
+        return {"aborted_at": aborted_at}
+    try:
+        dist.all_reduce(torch.ones(4))
+        return {"raised": None}
+    except Exception as error:  # noqa: BLE001
+        return {"raised": type(error).__name__, "message": str(error), "at": time.time()}

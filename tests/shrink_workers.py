@@ -130,3 +130,30 @@ def excluded_rank_calls_shrink(rank, world_size):
     failed = torch_ddp_lite.failed_ranks(wait=2.0)
     dist.shrink_group(failed)
     return dict(_check_group(list(range(world_size - 1))), failed=failed, size=dist.get_world_size())
+
+
+def shrink_with_a_late_survivor(rank, world_size, timeout_s):
+    """Rank 2 of 3 dies; rank 0 shrinks at once, rank 1 only the group's timeout + 2 s later. Rank
+    0 gives up on rank 1 at the timeout, so shrink #1 is abandoned; rank 1 must raise at once,
+    naming that decision, not build a group nobody joins. Both then shrink again (#2, the same
+    number on both) and the new group must work."""
+    dist.all_reduce(torch.ones(4))
+    dist.barrier()
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(torch.ones(10))
+    except Exception:  # noqa: BLE001
+        pass
+    if rank == 1:
+        time.sleep(timeout_s + 2)
+    started = time.monotonic()
+    try:
+        dist.shrink_group([2])
+        first = {"raised": None}
+    except Exception as error:  # noqa: BLE001
+        first = {"raised": type(error).__name__, "message": str(error), "seconds": time.monotonic() - started}
+    if rank == 0:
+        time.sleep(2.5)  # rank 1 is still on its way to its first try; meet it in the second
+    dist.shrink_group([2])
+    return {"first": first, "rank": dist.get_rank(), "size": dist.get_world_size(), **_check_group([0, 1])}

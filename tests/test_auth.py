@@ -265,3 +265,45 @@ def test_a_short_key_file_is_refused(tmp_path):
     for result in results:
         kind, message = result["error"]
         assert kind == "DistBackendError" and "holds 10 bytes; a key needs at least 16" in message, result["error"]
+
+
+def test_silent_strangers_on_demand_hold_at_most_64_descriptors_per_listener_and_the_job_computes():
+    """Issue 41, item 2: a 24-rank job connecting on demand over TCP; 200 silent connections to each
+    listener of ranks 0 and 11 (collectives' and send/recv meshes), each reopened as soon as it is
+    dropped, while every pair connects (all_to_all) and computes. An attacked rank's descriptors
+    grow by at most 64 per listener plus one socket per peer (the cap was P + 64 per listener), and
+    every value is the closed form (a rank's own handshake is never pushed out by the strangers)."""
+    import scale_workers
+    from harness import run_ranks
+
+    world_size, attacked, per_listener = 24, [0, 11], 200
+    env = {"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_CONNECT": "on_demand"}
+    results = run_ranks(scale_workers.silent_connections_during_the_job, world_size, attacked, per_listener, env=env,
+                        pg_timeout_s=60, timeout_s=400)
+    assert all(outcome["right"] for outcome in results), results
+    for rank in attacked:
+        outcome = results[rank]
+        assert outcome["listeners"] == 2, outcome  # the bound below counts two meshes
+        grown = outcome["peak"] - outcome["before"]
+        assert grown <= 64 * outcome["listeners"] + (world_size - 1), (rank, grown, outcome)
+        assert grown >= 64, (rank, grown, outcome)  # the strangers did land: the test measures something
+        print(f"rank {rank}: {outcome['before']} descriptors before the attack, {outcome['peak']} at its peak "
+              f"({per_listener} strangers on each of its {outcome['listeners']} listeners)")
+
+
+@pytest.mark.parametrize("connect", ["at_init", "on_demand"])
+def test_without_authentication_every_rank_warns_who_can_take_its_place_and_when(connect):
+    """Issue 41, item 7: DDPLITE_AUTH=0 lets anyone who reaches a listener take a rank's place; at
+    init only during set-up, on demand for the whole job (a pair's first hello wins). Every rank
+    says which, once per kind of mesh; the job computes."""
+    store = host_store()
+    env = {"DDPLITE_AUTH": "0", "DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_CONNECT": connect}
+    ranks = [start_job_rank(rank, store.port, env) for rank in (0, 1)]
+    for index, (rank, (out, err)) in enumerate(zip(ranks, finish(ranks, 120))):
+        assert rank.returncode == 0 and "RESULT ok 5" in out, f"rank {index} failed:\n{out}\n{err[-4000:]}"
+        warnings = [line for line in err.splitlines() if "DDPLITE_AUTH=0: ddplite's TCP connections are not" in line]
+        assert len(warnings) == 1, (index, warnings)  # two meshes (collectives', send/recv's), one warning
+        if connect == "on_demand":
+            assert "for the rest of the job" in warnings[0] and "the real rank r is refused" in warnings[0], warnings
+        else:
+            assert "during set-up" in warnings[0] and "rest of the job" not in warnings[0], warnings

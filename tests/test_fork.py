@@ -64,3 +64,16 @@ def test_a_forked_child_cannot_use_the_group_and_leaves_the_parents_intact(trans
     for rank, result in enumerate(results):
         assert torch.equal(result["sum"], torch.full((1001,), 3.0)), (rank, result["sum"][:4])
     assert torch.equal(results[1]["received"], torch.arange(7.0)), results[1]["received"]
+
+
+def test_a_child_forked_while_a_pair_connects_on_demand_holds_none_of_its_sockets():
+    """Issue 41, item 5: sockets made on demand are registered with the fork guard when they are
+    created (socket(), accept4()), not after the handshake: a child forked during the handshake
+    (each side holds its hello a second, DDPLITE_TEST_HOOKS=tcp_hello_delay) holds none of them,
+    else it would keep the connection open after its rank died."""
+    env = {"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_CONNECT": "on_demand", "DDPLITE_TEST_HOOKS": "tcp_hello_delay=1000"}
+    results = run_ranks(fork_workers.fork_during_a_handshake, 2, env=env, pg_timeout_s=30, timeout_s=120)
+    for rank, outcome in enumerate(results):
+        assert outcome["parent_held"] >= 1, (rank, outcome)  # forked while the handshake was under way
+        assert outcome["child_held"] == 0, (rank, outcome)
+        assert outcome["sum"] == 3.0, (rank, outcome)

@@ -420,6 +420,58 @@ def test_hierarchical_collectives_across_hosts(hosts, layout, connect):
     assert network.pids() == []
 
 
+PLACEMENT_RANK = """
+import json, sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+import torch_ddp_lite
+url, rank, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=120))
+outcome = {"path": list(torch_ddp_lite.cpu_path()), "failures": []}
+for count in (0, 1, 3, 1000, 70_001):  # 70,001 float64: several 512 KiB chunks per host's slot
+    mine = torch.arange(count, dtype=torch.float64) + 1_000_000 * rank
+    expected = [torch.arange(count, dtype=torch.float64) + 1_000_000 * r for r in range(size)]
+    pieces = [torch.full((count,), -1.0, dtype=torch.float64) for _ in range(size)]
+    dist.all_gather(pieces, mine)
+    flat = torch.full((size * count,), -1.0, dtype=torch.float64)
+    dist.all_gather_into_tensor(flat, mine)
+    block = torch.empty(count, dtype=torch.float64)
+    dist.reduce_scatter_tensor(block, torch.cat([torch.full((count,), float(r + 1) * (rank + 1), dtype=torch.float64)
+                                                 for r in range(size)]))
+    for r in range(size):
+        if not torch.equal(pieces[r], expected[r]):
+            outcome["failures"].append(f"all_gather {count}: block of rank {r}")
+        if not torch.equal(flat[r * count:(r + 1) * count], expected[r]):
+            outcome["failures"].append(f"all_gather_into_tensor {count}: block of rank {r}")
+    if not torch.equal(block, torch.full((count,), float(rank + 1) * size * (size + 1) / 2, dtype=torch.float64)):
+        outcome["failures"].append(f"reduce_scatter_tensor {count}")
+dist.destroy_process_group()
+print("OUTCOME " + json.dumps(outcome), flush=True)
+"""
+
+
+@pytest.mark.parametrize("layout", [[0, 1, 1], [0, 1, 0, 1]], ids=["0_12", "02_13"])
+def test_hierarchical_all_gather_places_every_block_in_layouts_that_are_not_host_major(hosts, layout):
+    """The hierarchical all_gather stages blocks host-major (a slot of M blocks per host) and then
+    puts them in rank order; reduce_scatter stages the same way. In layouts where host-major is not
+    rank order (a host with fewer ranks than another first: 0 | 1,2; hosts interleaved: 0,2 | 1,3)
+    every block must land in its rank's place (issue 41: this was exercised only by a shrink test),
+    at 0, 1, 3, 1000 and 70,001 elements."""
+    network = hosts(max(layout) + 1)
+    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
+    env = host_environment("eth0")
+    jobs = [start(network.run(host, [sys.executable, "-c", PLACEMENT_RANK, url, str(rank), str(len(layout))]), env)
+            for rank, host in enumerate(layout)]
+    results = finish(jobs, timeout=300)
+    for rank, (returncode, output, _) in enumerate(results):
+        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
+        assert returncode == 0 and reported, f"rank {rank}:\n{output[-6000:]}"
+        outcome = json.loads(reported[0][len("OUTCOME "):])
+        assert outcome["path"][0] == "hierarchical", outcome["path"]
+        assert outcome["failures"] == [], (rank, outcome["failures"][:10])
+    assert network.pids() == []
+
+
 STORE_HOST = """
 import sys, time
 import torch.distributed as dist

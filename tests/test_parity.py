@@ -219,3 +219,16 @@ def test_coalesced_work_of_other_works_asks_each_part():
     assert future.done()
     assert group.wait() and log == ["first", "second"]
     assert int(group.get_future_result().wait()) == 0  # WorkResult.SUCCESS
+
+
+def test_barrier_with_device_ids_on_a_cpu_group_is_a_cpu_barrier_as_on_gloo(env):
+    """barrier(device_ids=[rank]) and (device_ids=[0]) on a CPU group (Accelerate's
+    wait_for_everyone() on CPU): a CPU barrier that waits for the late rank, as gloo's; it used to
+    go to CUDA whenever the CUDA part was built, and fail without a GPU (issue 41, item 8)."""
+    gloo = run_ranks(pw.barrier_with_device_ids, 2, backend="gloo", env=env)
+    ours = run_ranks(pw.barrier_with_device_ids, 2, backend="ddplite", env=env)
+    for rank in range(2):
+        for call, (theirs, mine) in enumerate(zip(gloo[rank], ours[rank])):
+            assert theirs[0] == "ok" and mine[0] == "ok", (rank, call, theirs, mine)
+    for call in range(2):  # rank 0 waited for the late rank 1 on both
+        assert gloo[0][call][1] > 0.4 and ours[0][call][1] > 0.4, (call, gloo[0], ours[0])

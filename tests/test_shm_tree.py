@@ -97,11 +97,29 @@ def test_rank_that_never_arrives_is_named_at_the_timeout():
         assert 1.9 < outcome["elapsed"] < 4, outcome
 
 
-def test_abort_wakes_the_peers_waiting_in_the_tree():
+def test_abort_fails_the_aborting_rank_s_pending_and_later_ops():
     results = run_ranks(workers.abort_fails_pending_and_later_ops, 3, env=TREE, pg_timeout_s=30)
     assert results[0]["raised"] == "DistBackendError" and "abort() was called on rank 0" in results[0]["message"]
     for rank in (1, 2):
         assert results[rank]["raised"] == "DistBackendError" and "rank 0" in results[rank]["message"], results[rank]
+
+
+@pytest.mark.parametrize("connect", ["at_init", "on_demand"])
+def test_abort_wakes_the_peers_waiting_in_the_tree(connect):
+    """Rank 0 aborts while ranks 1 and 2 wait for it in the tree, and stays alive: they raise within
+    2 s naming rank 0 and its abort (not at the 30 s timeout), whether the TCP mesh connected the
+    pairs at init (its sockets close) or on demand (no socket: the segment says it, issue 41)."""
+    results = run_ranks(shm_workers.abort_while_peers_wait_in_the_tree, 3, env=dict(TREE, DDPLITE_CONNECT=connect),
+                        pg_timeout_s=30)
+    aborted_at = results[0]["aborted_at"]
+    for rank in (1, 2):
+        outcome = results[rank]
+        assert outcome["raised"] == "DistBackendError", (rank, outcome)
+        message = outcome["message"]
+        assert "rank 0 (" in message and "Timed out" not in message, (rank, message)
+        if connect == "on_demand":
+            assert "aborted the process group (abort() on that rank)" in message, (rank, message)
+        assert outcome["at"] - aborted_at < 2.0, (rank, outcome["at"] - aborted_at, message)
 
 
 def test_steps_wrap_past_two_to_the_32():
@@ -137,12 +155,25 @@ def test_rank_dying_between_its_flag_and_its_arrival_is_named_within_seconds():
         assert result["seconds"] < 5.0, (rank, result)
 
 
-@pytest.mark.parametrize("world_size", [4, 5])
-def test_small_allreduce_combined_on_arrival_has_the_flat_bits(world_size):
+def test_a_peer_that_left_after_its_arrival_is_not_reported_as_dead():
+    """Every flag of a reduce's step is stored, the root waits for the tree, and a non-root that
+    already arrived leaves (destroy, exit) while another still climbs: the root gets its sum
+    (issue 41, item 6; it used to raise that the departed rank's arrival never reached the group)."""
+    env = dict(TREE, DDPLITE_TEST_HOOKS="shm_delay_arrival=1:2:1000")
+    results = run_ranks(shm_workers.peer_leaves_after_its_arrival, 3, env=env, pg_timeout_s=60, timeout_s=120)
+    assert results[0]["sum"] == [6.0] * 5, results[0]
+    assert results[0]["seconds"] > 0.9, results[0]  # it did wait for rank 1's late arrival
+
+
+@pytest.mark.parametrize("world_size,combine_delay_ms", [(4, 0), (5, 0), (4, 30)])
+def test_small_allreduce_combined_on_arrival_has_the_flat_bits(world_size, combine_delay_ms):
     """With the tree, the rank that completes a step reduces for everyone (combined on arrival); the
     others copy its result. Same rank order as the flat path, so the same bits, on every rank; 16 KiB
-    (4096 float32, 2048 float64): four 4 KiB chunks, each combined by whichever rank comes last."""
-    results = run_ranks(shm_workers.combined_bits_equal_flat, world_size, [1, 3, 1000, 4096], env=TREE,
+    (4096 float32, 2048 float64): four 4 KiB chunks, each combined by whichever rank comes last.
+    With a delay inside the combiner (DDPLITE_TEST_HOOKS=shm_combine_delay), a combiner that
+    released the step before it wrote its result would hand the others stale bits."""
+    env = dict(TREE, DDPLITE_TEST_HOOKS=f"shm_combine_delay={combine_delay_ms}") if combine_delay_ms else TREE
+    results = run_ranks(shm_workers.combined_bits_equal_flat, world_size, [1, 3, 1000, 4096], env=env,
                         timeout_s=300)
     assert results == [[]] * world_size, results
 

@@ -72,6 +72,25 @@ def test_survivors_that_disagree_about_who_is_gone_raise_and_say_so():
         assert outcome["seconds"] < 15, outcome
 
 
+def test_a_survivor_that_comes_after_the_others_gave_up_raises_at_once_and_both_retry():
+    """One decision per shrink (issue 41, item 3): rank 0 gives up on rank 1 at the group's
+    timeout; rank 1, 2 s later, finds that decision and raises within seconds instead of blocking
+    in a new group nobody else joins. The retry carries the same shrink number on both and works."""
+    timeout_s = 4
+    results = run_ranks(shrink_workers.shrink_with_a_late_survivor, 3, timeout_s, pg_timeout_s=timeout_s,
+                        timeout_s=150, may_exit={2})
+    for rank in (0, 1):
+        outcome = results[rank]
+        first = outcome["first"]
+        assert first["raised"] == "DistBackendError", (rank, first)
+        assert "shrink #1 without [2] was abandoned by rank 0: rank 1 did not join it" in first["message"], first
+        assert "Hint:" in first["message"], first
+        _check_round({**outcome, "failed": [2], "expected": [2]}, [0, 1])
+        assert outcome["rank"] == rank, outcome
+    assert timeout_s - 0.5 < results[0]["first"]["seconds"] < timeout_s + 3, results[0]["first"]
+    assert results[1]["first"]["seconds"] < 2.0, results[1]["first"]  # at once, not at its own timeout
+
+
 def test_failed_ranks_is_empty_when_all_live_and_names_a_late_caller_everywhere():
     results = run_ranks(shrink_workers.failed_ranks_when_all_live_and_with_a_late_caller, 3, pg_timeout_s=30,
                         timeout_s=120)

@@ -1,5 +1,7 @@
 #include "backend/backend.hpp"
 
+#include <ATen/Context.h>
+
 #include "common/fork_guard.hpp"
 #include "common/gil.hpp"
 #include "common/process_identity.hpp"
@@ -646,7 +648,7 @@ void DdpliteBackend::stopForExit() {
     DDPLITE_LOG(kWarn, "rank ", rank_, "/", size_, ": the process exits with a ddplite process group that was not "
                 "destroyed; its pending ops are aborted. Call torch.distributed.destroy_process_group() before exiting.");
     markBroken(strCat("the process is exiting on rank ", rank_, " (the group was not destroyed)"));
-    cpu_->abortCollectives();
+    cpu_->abortCollectives(/*exiting=*/true);
   }
   if (!closed_.load() && cuda_) cuda_->abandon();  // its watchdog thread ends too
   worker_->drainAndStop();  // what is queued fails at once (the transports are aborted)
@@ -845,10 +847,17 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::_allgather_base(at::Tensor& outpu
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::barrier(const c10d::BarrierOptions& opts) {
-  // A barrier carries no data: it runs on the CPU transport unless it names a GPU (device_ids,
-  // or a CUDA opts.device), which makes it a one-element NCCL allreduce as in torch.
+  // A barrier carries no data: it runs on the CPU transport unless it is for a GPU, which makes
+  // it a one-element NCCL allreduce as in torch. torch's barrier() picks the device (device_ids[0]
+  // on the accelerator it detects, the group's bound device, or the CPU), but its dispatcher op
+  // (Ops.cpp, barrier<DEV>) hands a backend only device_ids, timeout and asyncOp, and this one
+  // object serves both device types. So, without opts.device (always, through
+  // torch.distributed.barrier), device_ids mean CUDA only where CUDA can run: on a machine
+  // without a GPU, barrier(device_ids=[i]) (Accelerate's wait_for_everyone() on CPU) is the CPU
+  // barrier, as on gloo, instead of a CUDA error.
   return collective("barrier", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
-    if (cuda_ && (!opts.device_ids.empty() || (opts.device && opts.device->is_cuda()))) {
+    const bool forCuda = opts.device ? opts.device->is_cuda() : !opts.device_ids.empty() && at::hasCUDA();
+    if (cuda_ && forCuda) {
       const auto index = opts.device_ids.empty() ? opts.device->index() : opts.device_ids.front();
       return cuda_->barrier(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)), opts);
     }
@@ -1349,39 +1358,88 @@ std::vector<int> DdpliteBackend::agreeOnExclusion(const OpContext& ctx, uint64_t
   const std::string mine = listOf(excluded);
   const std::string hint = "the store must outlive the failed ranks: torchrun's agent hosts it; under env:// or "
                            "tcp:// rank 0's process does";
+  const auto storeFailed = [&](const std::exception& error) {
+    throwDistError(ctx, strCat("shrink #", epoch, ": the group's store could not be reached: ", error.what()), hint);
+  };
   *cudaAgreed = ordinalsOf(cudaReady);
   try {
     // Before the list: a survivor that sees a peer's list finds its CUDA readiness too.
     round.set(strCat("cuda/", rank_), cudaReady);
     round.set(std::to_string(rank_), mine);
   } catch (const std::exception& error) {
-    throwDistError(ctx, strCat("shrink #", epoch, ": the group's store could not be reached: ", error.what()), hint);
+    storeFailed(error);
   }
+  // One decision per shrink, the first one written (compareSet), which every survivor follows:
+  // "agreed <list>" once one has read every survivor's list, equal to its own; "abandoned by rank r:
+  // <why>" once one gave up (a survivor missing at the group's timeout or dead, another list). So
+  // the survivors either all build the new group or all raise, and all count this shrink, so that
+  // their next try has the same number: a survivor arriving after the others gave up raises at
+  // once, naming their decision, instead of building a group nobody else joins.
+  const auto decide = [&](const std::string& proposal) {
+    try {
+      return round.compareSet("decision", "", proposal);
+    } catch (const std::exception& error) {
+      storeFailed(error);
+    }
+    return std::string();
+  };
+  const auto throwAbandoned = [&](const std::string& decision) {
+    throwDistError(ctx, strCat("shrink #", epoch, " without ", mine, " was ", decision),
+                   "every survivor raised this: call shrink_group again on every survivor, excluding the ranks "
+                   "named above too if they failed (torch_ddp_lite.failed_ranks() gives every survivor the same list)");
+  };
+  const auto abandon = [&](const std::string& why) {
+    const std::string decided = decide(strCat("abandoned by rank ", rank_, ": ", why));
+    if (decided.rfind("abandoned", 0) == 0) throwAbandoned(decided);
+    // Another survivor read every list and they agreed before this rank gave up: follow it.
+  };
+  const auto decisionSoFar = [&]() -> std::optional<std::string> {
+    if (!round.has("decision").value_or(false)) return std::nullopt;
+    try {
+      return round.get("decision", strCat("the decision of shrink #", epoch));
+    } catch (const std::exception& error) {
+      storeFailed(error);
+    }
+    return std::nullopt;
+  };
   // Bounded by the group's timeout (not the store's, which may be the default group's 30 minutes).
   const Deadline until = Clock::now() + std::chrono::milliseconds(timeoutMs_.load());
+  constexpr auto kDecisionLookEvery = std::chrono::milliseconds(100);
   std::vector<int> survivors;
+  bool agreedElsewhere = false;
   for (int r = 0; r < size_; ++r) {
     if (std::binary_search(excluded.begin(), excluded.end(), r)) continue;
     survivors.push_back(r);
-    if (r == rank_) continue;
+    if (r == rank_ || agreedElsewhere) continue;
     std::string theirs;
+    Deadline nextDecisionLook = Clock::now();
     while (!round.has(std::to_string(r)).value_or(false)) {
+      if (Clock::now() >= nextDecisionLook) {
+        nextDecisionLook = Clock::now() + kDecisionLookEvery;
+        if (auto decision = decisionSoFar(); decision && decision->rfind("abandoned", 0) == 0) {
+          throwAbandoned(*decision);
+        }
+      }
       const char* why = nullptr;
       if (peerProcessEnded(r)) why = "its process has ended";
       if (why == nullptr && Clock::now() >= until) why = "the group's timeout passed";
       if (why != nullptr) {
-        throwDistError(ctx, strCat("shrink #", epoch, " without ", mine, ": rank ", r, " did not join it (", why, ")"),
-                       strCat("rank ", r, " may have failed too, or does not call shrink_group: exclude it as well "
-                              "(torch_ddp_lite.failed_ranks() gives every survivor the same list)"));
+        abandon(strCat("rank ", r, " did not join it (", why, "); rank ", r,
+                       " may have failed too, or does not call shrink_group: exclude it as well"));
+        agreedElsewhere = true;  // every list was read elsewhere, r's included
+        break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    if (agreedElsewhere) continue;
     try {
       theirs = round.get(std::to_string(r), strCat("rank ", r, "'s list of ranks to exclude in shrink #", epoch));
     } catch (const std::exception& error) {
-      throwDistError(ctx, strCat("shrink #", epoch, ": the group's store could not be reached: ", error.what()), hint);
+      storeFailed(error);
     }
     if (theirs != mine && listNames(theirs, rank_)) {
+      decide(strCat("abandoned by rank ", rank_, ": rank ", r, " excludes ", theirs, ", rank ", rank_,
+                    " among them, while rank ", rank_, " excludes ", mine));
       throwDistError(ctx, strCat("shrink #", epoch, ": rank ", r, " excludes ", theirs, ", rank ", rank_,
                                  " among them, while rank ", rank_, " excludes ", mine, "; the survivors must agree, "
                                  "and a rank they declared failed (dead, stuck or too late) cannot join the group "
@@ -1390,12 +1448,21 @@ std::vector<int> DdpliteBackend::agreeOnExclusion(const OpContext& ctx, uint64_t
                      "ranks (torchft replica groups heal a restarted replica)");
     }
     if (theirs != mine) {
+      decide(strCat("abandoned by rank ", rank_, ": rank ", rank_, " excludes ", mine, " but rank ", r, " excludes ",
+                    theirs, "; the survivors must agree"));
       throwDistError(ctx, strCat("shrink #", epoch, ": rank ", rank_, " excludes ", mine, " but rank ", r,
                                  " excludes ", theirs, "; the survivors must agree"),
                      "pass the same ranks_to_exclude on every surviving rank (torch_ddp_lite's errors name the "
                      "failed ranks)");
     }
-    try {  // the devices both this rank and rank r can shrink
+  }
+  if (!agreedElsewhere) {
+    const std::string decided = decide(strCat("agreed ", mine));
+    if (decided.rfind("abandoned", 0) == 0) throwAbandoned(decided);
+  }
+  for (int r : survivors) {
+    if (r == rank_) continue;
+    try {  // the devices both this rank and rank r can shrink (r published them before its list)
       const std::vector<int> theirsReady =
           ordinalsOf(round.get(strCat("cuda/", r), strCat("rank ", r, "'s CUDA readiness in shrink #", epoch)));
       std::vector<int> both;
@@ -1404,7 +1471,7 @@ std::vector<int> DdpliteBackend::agreeOnExclusion(const OpContext& ctx, uint64_t
       }
       *cudaAgreed = std::move(both);
     } catch (const std::exception& error) {
-      throwDistError(ctx, strCat("shrink #", epoch, ": the group's store could not be reached: ", error.what()), hint);
+      storeFailed(error);
     }
   }
   return survivors;

@@ -155,7 +155,10 @@ class DdpliteBackend final : public c10d::Backend {
   // the store (which torchrun's agent, or the user, hosts) on the list: each publishes its own
   // under "shrink/<n>/excluded/<rank>" (in the group's keys) and reads every other survivor's, n
   // counting this group's shrinks; a survivor with another list, or one that does not publish
-  // within the group's timeout (or whose process has ended), raises DistBackendError naming it. The new group then connects afresh under
+  // within the group's timeout (or whose process has ended), makes every survivor raise
+  // DistBackendError naming it: one decision per shrink, "agreed" or "abandoned", compare-set in the
+  // store under "shrink/<n>/excluded/decision", which every survivor follows (a late one raises at
+  // once, naming the decision it missed; all then count this shrink). The new group then connects afresh under
   // "ddplite-shrink/<n>/" (new sockets and segment: nothing of this group's streams can reach it).
   // `flags` & SHRINK_ABORT (1): this group's pending ops are aborted once the survivors agreed. CUDA:
   // the new group's NCCL communicators are made from this group's by ncclCommShrink among the

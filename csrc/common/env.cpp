@@ -181,7 +181,9 @@ const std::vector<Knob>& allKnobs() {
        "1: every TCP connection between ranks (collectives' and send/recv meshes) is authenticated at set-up by "
        "an HMAC-SHA256 challenge-response keyed by a secret rank 0 shares through the store; a connection that "
        "fails it is dropped with a warning naming its address. 0 skips it (saves one round trip per "
-       "connection at set-up; nothing after set-up). Same on every rank. Read when a group is created"},
+       "connection at set-up; nothing after set-up), and then anyone who reaches a listener can take a rank's "
+       "place: at set-up, or, when pairs connect on demand (DDPLITE_CONNECT), for a pair's whole life (a warning "
+       "says so). Same on every rank. Read when a group is created"},
       {kAuthKeyFile, "",
        "A file holding the key (at least 16 bytes) that authenticates TCP connections, on every rank: the key "
        "never enters the store, so only its holders can join even when others can read the store (docs/"
@@ -207,7 +209,11 @@ const std::vector<Knob>& allKnobs() {
        "group rank throws std::bad_alloc right after it posts a step of collective #seq) and "
        "'shm_stall_attach=<rank>' (that group rank sleeps instead of attaching the segment) and "
        "'shm_exit_unarrived=<rank>:<seq>' (that group rank kills itself between storing its posted flag and "
-       "arriving at the shared-memory arrival tree, in collective #seq)"},
+       "arriving at the shared-memory arrival tree, in collective #seq) and 'shm_delay_arrival=<rank>:<seq>:<ms>' "
+       "(it sleeps there instead) and 'shm_combine_delay=<ms>' (the rank that combines a small all_reduce on "
+       "arrival sleeps before it combines) and 'tcp_hello_delay=<ms>' (a rank connecting on demand sleeps between "
+       "its connect and its hello, so that two ranks connecting to each other at once both have a connect under "
+       "way when the other's hello arrives)"},
   };
   return knobs;
 }
@@ -389,6 +395,7 @@ TestHooks testHooks() {
   if (value == nullptr) return hooks;
   const std::string allowed =
       "use 'shm_first_step=<n>', 'shm_fault=<rank>:<seq>', 'shm_exit_unarrived=<rank>:<seq>', "
+      "'shm_delay_arrival=<rank>:<seq>:<ms>', 'shm_combine_delay=<ms>', 'tcp_hello_delay=<ms>', "
       "'shm_numa_nodes=<m>' and/or 'shm_stall_attach=<rank>', comma-separated "
       "(unset: none)";
   std::string spec(value);
@@ -396,7 +403,7 @@ TestHooks testHooks() {
   while (begin <= spec.size()) {
     const size_t end = std::min(spec.find(',', begin), spec.size());
     const std::string item = spec.substr(begin, end - begin);
-    unsigned long long a = 0, b = 0;
+    unsigned long long a = 0, b = 0, c = 0;
     int used = 0;
     if (std::sscanf(item.c_str(), "shm_first_step=%llu%n", &a, &used) == 1 && used == static_cast<int>(item.size()) &&
         a <= UINT32_MAX) {
@@ -411,6 +418,17 @@ TestHooks testHooks() {
                used == static_cast<int>(item.size()) && b > 0) {
       hooks.shmExitUnarrivedRank = static_cast<int>(a);
       hooks.shmExitUnarrivedSeq = b;
+    } else if (std::sscanf(item.c_str(), "shm_delay_arrival=%llu:%llu:%llu%n", &a, &b, &c, &used) == 3 &&
+               used == static_cast<int>(item.size()) && b > 0 && c <= 600000) {
+      hooks.shmDelayArrivalRank = static_cast<int>(a);
+      hooks.shmDelayArrivalSeq = b;
+      hooks.shmDelayArrivalMs = static_cast<uint32_t>(c);
+    } else if (std::sscanf(item.c_str(), "tcp_hello_delay=%llu%n", &a, &used) == 1 &&
+               used == static_cast<int>(item.size()) && a <= 600000) {
+      hooks.tcpHelloDelayMs = static_cast<uint32_t>(a);
+    } else if (std::sscanf(item.c_str(), "shm_combine_delay=%llu%n", &a, &used) == 1 &&
+               used == static_cast<int>(item.size()) && a <= 600000) {
+      hooks.shmCombineDelayMs = static_cast<uint32_t>(a);
     } else if (std::sscanf(item.c_str(), "shm_fault=%llu:%llu%n", &a, &b, &used) == 2 &&
                used == static_cast<int>(item.size()) && b > 0) {
       hooks.shmFaultRank = static_cast<int>(a);

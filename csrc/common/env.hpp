@@ -122,6 +122,11 @@ struct TestHooks {
   int shmExitUnarrivedRank = -1;    // this group rank kills itself (SIGKILL) between its posted flag ...
   uint64_t shmExitUnarrivedSeq = 0;  // ... and its arrival at the arrival tree, in collective #seq (0: never)
   int shmNumaNodes = 0;  // m > 0: rank r of a shared-memory group says it runs on NUMA node r % m (synthetic topology)
+  int shmDelayArrivalRank = -1;     // this group rank sleeps between its posted flag and its arrival ...
+  uint64_t shmDelayArrivalSeq = 0;  // ... in collective #seq (0: never) ...
+  uint32_t shmDelayArrivalMs = 0;   // ... this many milliseconds
+  uint32_t shmCombineDelayMs = 0;   // the rank that combines a step on arrival sleeps this long before it combines
+  uint32_t tcpHelloDelayMs = 0;     // an on-demand connector sleeps this long between its connect and its Hello
 };
 TestHooks testHooks();
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -40,6 +41,22 @@ void adopt(int fd, const void* owner) {
   if (fd < 0) return;
   std::lock_guard<std::mutex> lock(registryMutex);
   registry->emplace_back(fd, owner);
+}
+
+int adoptNew(const void* owner, c10::function_ref<int()> make) {
+  std::lock_guard<std::mutex> lock(registryMutex);
+  const int fd = make();
+  if (fd >= 0) {
+    const int error = errno;
+    try {
+      registry->emplace_back(fd, owner);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    errno = error;
+  }
+  return fd;
 }
 
 void close(int fd, const void* owner) {

@@ -13,12 +13,20 @@
 // fork(), so no registration or close is half-done in the child.
 #pragma once
 
+#include <c10/util/FunctionRef.h>
+
 #include <sys/types.h>
 
 namespace ddplite::fork_guard {
 
 // Registers `fd` (owned by `owner`) to be closed in forked children. Any thread.
 void adopt(int fd, const void* owner);
+
+// Runs `make` (socket(), accept4(), eventfd(): a new descriptor, or -1 with errno set) and
+// registers what it returns to `owner`, both under the registry's mutex, so that no fork() falls
+// between the descriptor's birth and its registration. errno is make's. `make` must not block
+// (every fork of the process waits for it). Any thread.
+int adoptNew(const void* owner, c10::function_ref<int()> make);
 
 // Closes `fd` if `owner` registered it in this process (and unregisters it); in a forked child,
 // whose copies were closed at fork, does nothing: the number may belong to another descriptor by now.

@@ -81,19 +81,26 @@ void CpuPath::breakGroup() {
 
 void CpuPath::stopAfterFailure() {
   if (mpi_) mpi_->abort();
-  if (shm_) shm_->abort();
+  if (shm_) shm_->abort(ShmGroup::Departure::kFailed);
   if (hosts_) hosts_->breakGroup();  // after the failure is in the store for them to quote (runAmongLeaders)
   transport_->abort();
 }
 
-void CpuPath::abortCollectives() {
+void CpuPath::abortCollectives(bool exiting) {
+  const auto why = exiting ? ShmGroup::Departure::kExiting : ShmGroup::Departure::kAborted;
   if (mpi_) mpi_->abort();
-  if (shm_) shm_->abort();
-  if (hosts_) hosts_->abort();
+  if (shm_) shm_->abort(why);
+  if (hosts_) hosts_->abort(why);
   transport_->abort();
 }
 
-void CpuPath::closeConnections() { transport_->abort(); }
+void CpuPath::closeConnections() {
+  // Once no collective runs (the worker has stopped): every flag of this rank is final, and a
+  // peer that waits for another is told this rank left.
+  if (shm_) shm_->abort(ShmGroup::Departure::kShutDown);
+  if (hosts_) hosts_->abort(ShmGroup::Departure::kShutDown);
+  transport_->abort();
+}
 
 void CpuPath::destroyP2p() { p2p_.reset(); }
 

@@ -93,14 +93,19 @@ class CpuPath {
   // A collective was left part-way: every rank of each segment stops at once (breakGroup) and the
   // TCP connections close, so the ranks of other hosts learn it too.
   void breakGroup();
+  // Each of the three below leaves the group for good, so that every peer learns it within about
+  // a second whichever way it waits for this rank: in a segment (ShmGroup::abort: its waits for
+  // a flag this rank never stores end, naming this rank and why), on a TCP connection (closed),
+  // or connecting on demand (the listener closes: refused).
   // After a transport failure recorded in the group's store: this process's waits end (MPI, the
   // segment), this host's ranks stop (they may wait for this rank, their leader, in the segment),
   // and the TCP connections close.
   void stopAfterFailure();
-  // abort() / exit with ops pending: every collective wait of this process ends, TCP closed.
-  void abortCollectives();
-  // shutdown(): the collectives' TCP connections close (the segments stay for the others' last
-  // reads until this object goes).
+  // abort() (`exiting`: the process exits with ops pending): every collective wait of this
+  // process ends, TCP closed.
+  void abortCollectives(bool exiting = false);
+  // shutdown(), once no collective runs: TCP closed; the segments stay mapped for the others'
+  // last reads of this rank's buffers until this object goes.
   void closeConnections();
   // The send/recv engine's pumps are joined and its links closed now (the backend's destructor
   // does it before the CUDA path goes).

@@ -34,6 +34,28 @@ std::string StoreRendezvous::get(const std::string& key, const std::string& wait
   }
 }
 
+std::optional<std::string> StoreRendezvous::getBefore(const std::string& key, const std::string& waitingFor,
+                                                      std::chrono::steady_clock::time_point deadline,
+                                                      const std::atomic<bool>* stop) {
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kLongestPause = std::chrono::milliseconds(50);
+  auto pause = std::chrono::milliseconds(1);
+  const std::string full = kNamespace + prefix_ + key;
+  while (true) {
+    bool present = false;
+    try {
+      present = store_->check({full});
+    } catch (const std::exception& error) {
+      throwDistError(strCat("rendezvous failed while waiting for ", waitingFor, ": ", error.what()), kRendezvousHint);
+    }
+    if (present) return get(key, waitingFor);
+    const auto now = Clock::now();
+    if (now >= deadline || (stop != nullptr && stop->load())) return std::nullopt;
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
+    pause = std::min(pause * 2, kLongestPause);
+  }
+}
+
 std::vector<std::string> StoreRendezvous::gatherAll(const std::string& key, int size, const std::string& waitingFor) {
   std::vector<std::string> keys;
   keys.reserve(static_cast<size_t>(size));

@@ -7,6 +7,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -29,6 +30,12 @@ class StoreRendezvous {
   void set(const std::string& key, const std::string& value);
   // Blocks until the key exists or the store's timeout passes (then throws DistBackendError).
   std::string get(const std::string& key, const std::string& waitingFor);
+  // get() bounded by `deadline` and `stop` instead of the store's timeout: looks (Store::check)
+  // every 1 ms at first, backing off to every 50 ms, until the key exists; nothing once the
+  // deadline passed or *stop is set. A store that cannot be reached throws as get() does.
+  std::optional<std::string> getBefore(const std::string& key, const std::string& waitingFor,
+                                       std::chrono::steady_clock::time_point deadline,
+                                       const std::atomic<bool>* stop);
   // Every rank's value of "<key><r>", r = 0 .. size-1, once all are set: one request where the
   // store serves several keys at once (Store::multiGet: TCPStore, torchrun's store), else one get
   // per rank. So a round of set-up costs each rank O(1) store requests, not one per peer (issue

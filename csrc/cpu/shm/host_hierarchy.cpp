@@ -117,8 +117,8 @@ Transport& HostHierarchy::beginAmongLeaders(Fingerprint fingerprint, int rootHos
   return *leaders_;
 }
 
-void HostHierarchy::abort() {
-  if (local_) local_->abort();
+void HostHierarchy::abort(ShmGroup::Departure why) {
+  if (local_) local_->abort(why);
 }
 
 void HostHierarchy::breakGroup() {

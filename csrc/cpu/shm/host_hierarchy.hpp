@@ -95,8 +95,9 @@ class HostHierarchy {
   // contract as runAmongLeaders on failure.
   Transport& beginAmongLeaders(Fingerprint fingerprint, int rootHost);
 
-  // This process's waits end (ShmGroup::abort); breakGroup: every rank of this host's segment's.
-  void abort();
+  // This rank leaves this host's segment (ShmGroup::abort: its waits end, the host's ranks that
+  // wait for it raise); breakGroup: every rank of this host's segment raises at once.
+  void abort(ShmGroup::Departure why);
   void breakGroup();
 
  private:

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <iterator>
 #include <new>
+#include <thread>
 
 namespace ddplite::cpu {
 
@@ -55,10 +56,21 @@ struct alignas(kAlignment) ShmGroup::RankControl {
   // 1 once this rank broke the group (breakGroup): stored seq_cst, then every rank's `wakeups` is
   // bumped; waiters load it seq_cst after their wake ticket.
   std::atomic<uint32_t> broken;
+  // Why this rank left the group for good (Departure; 0: it has not): compare-exchanged seq_cst
+  // by abort(); read seq_cst by a peer's liveness look, which then reloads the flag it waits for
+  // and raises when it is still short. A rank aborted from another thread than its collective's
+  // may store one more flag after it: its op fails anyway, so the peer's error stands.
+  std::atomic<uint32_t> departed;
   WireHeader headers[2];            // fingerprint of the step with that parity; written before `posted`
   // The collective this rank last ran over TCP (announceTcpCollective): a seqlock, see the header.
   std::atomic<uint32_t> tcpAnnounced;
   std::atomic<uint64_t> tcpHeader[sizeof(WireHeader) / sizeof(uint64_t)];
+  // With an arrival tree: the latest step whose arrival this rank has finished (posted: [0],
+  // consumed: [1]), stored release after arrive() returns, so that a peer that sees this rank's
+  // process ended tells "arrived, then exited" (no failure) from "died between its flag and its
+  // arrival" (the step never completes). A process's stores are visible to every other once it is
+  // seen to have ended (its exit passed through the kernel, a full barrier); read acquire.
+  std::atomic<uint32_t> arrived[2];
   // Written by waiters, on a line of their own.
   alignas(kAlignment) std::atomic<uint32_t> sleepers;  // waiters of any process blocked on this rank
   // The futex word those waiters sleep on: bumped (seq_cst) by the owner after a flag store that
@@ -146,12 +158,18 @@ std::unique_ptr<ShmGroup> ShmGroup::create(StoreRendezvous& rendezvous, Transpor
   mine.numaNode = hooks.shmNumaNodes > 0 ? rank % hooks.shmNumaNodes : numaNodeOfThisProcess();
   group->step_ = hooks.shmFirstStep;  // every flag "at" the step before the first
   for (auto& word : mine.flags) word.store(hooks.shmFirstStep, std::memory_order_relaxed);
+  for (auto& word : mine.arrived) word.store(hooks.shmFirstStep, std::memory_order_relaxed);
   // Every rank stores the same value; nobody reads it before the barrier below.
   for (Flag which : {Flag::kPosted, Flag::kConsumed}) {
     group->groupWake(which).treeReached.store(hooks.shmFirstStep, std::memory_order_relaxed);
   }
   if (hooks.shmFaultRank == rank) group->faultSeq_ = hooks.shmFaultSeq;
   if (hooks.shmExitUnarrivedRank == rank) group->exitUnarrivedSeq_ = hooks.shmExitUnarrivedSeq;
+  if (hooks.shmDelayArrivalRank == rank) {
+    group->delayArrivalSeq_ = hooks.shmDelayArrivalSeq;
+    group->delayArrival_ = std::chrono::milliseconds(hooks.shmDelayArrivalMs);
+  }
+  group->combineDelay_ = std::chrono::milliseconds(hooks.shmCombineDelayMs);
   // Every rank's process identity and first flags are visible to the others after this store
   // round trip (plain fields written before it, read only after it).
   rendezvous.barrier("shm/ready/", rank, size, "", "every rank to map shared memory");
@@ -232,7 +250,11 @@ void ShmGroup::publish(Flag which, uint32_t step) {
   if (mine.sleepers.load(std::memory_order_seq_cst) > 0) wake(mine);
   if (treeSync(which)) {
     if (exitUnarrivedSeq_ != 0 && which == Flag::kPosted && current_.seq == exitUnarrivedSeq_) ::raise(SIGKILL);
+    if (delayArrivalSeq_ != 0 && which == Flag::kPosted && current_.seq == delayArrivalSeq_) {
+      std::this_thread::sleep_for(delayArrival_);
+    }
     arrive(which, step);
+    markArrived(which, step);
     return;
   }
   // The store above, then `sleepers`, then every rank's flag, all seq_cst: of the ranks that
@@ -297,11 +319,17 @@ void ShmGroup::combineAtRoot(uint32_t step) {
   // writes on the way up acquired every arrival. A record: the ranks' steps differ (sizes,
   // dtypes), so there is nothing to combine; every rank raises after its wait.
   if (group.treeMismatch.load(std::memory_order_acquire) != 0) return;
+  if (combineDelay_.count() > 0) std::this_thread::sleep_for(combineDelay_);  // DDPLITE_TEST_HOOKS
   (*combine_)();
   // Relaxed: published by the seq_cst store of treeReached that follows (arrive), which every
   // tree wait acquires before combinedBy() reads this.
   group.combined[step & 1].store((static_cast<uint64_t>(step) << 32) | static_cast<uint32_t>(rank_ + 1),
                                  std::memory_order_relaxed);
+}
+
+void ShmGroup::markArrived(Flag which, uint32_t step) {
+  // Release: after every read-modify-write of the arrival (see RankControl::arrived).
+  control(rank_).arrived[which == Flag::kPosted ? 0 : 1].store(step, std::memory_order_release);
 }
 
 bool ShmGroup::everyRankReached(Flag which, uint32_t step) const {
@@ -510,32 +538,48 @@ void ShmGroup::lookAtMissingPeers(Flag which, uint32_t target) const {
   }
   if (anyMissing) return;
   // Every flag is stored but the root is not released: the last arrivals are still climbing the
-  // tree, or a rank died between its flag and its arrival (the step never completes). Any peer
-  // gone now fails the wait, like a missing one.
+  // tree, or a rank died (or left) between its flag and its arrival, and the step never completes.
+  // A peer gone after its arrival (a non-root of a final reduce that exited while the last rank
+  // climbs) holds nothing up.
+  const int kind = which == Flag::kPosted ? 0 : 1;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
-    const bool hungUp = liveness_.peerHungUp(peer);
-    if (hungUp || peerProcessEnded(peer)) {
-      throwPeerGone(peer, hungUp,
-                    strCat("waited for step ", target, " of ", current_.describe(),
-                           " to complete in shared memory (its flag was stored, its arrival never reached the group)"));
-    }
+    const Gone gone = peerGone(peer);
+    if (gone.how == nullptr) continue;
+    // Acquire, after seeing it gone: see RankControl::arrived.
+    if (reached(control(peer).arrived[kind].load(std::memory_order_acquire), target)) continue;
+    throwPeerGone(peer, gone,
+                  strCat("waited for step ", target, " of ", current_.describe(),
+                         " to complete in shared memory (its flag was stored, its arrival never reached the group)"));
   }
 }
 
+ShmGroup::Gone ShmGroup::peerGone(int peer) const {
+  // seq_cst: see RankControl::departed.
+  switch (static_cast<Departure>(control(peer).departed.load(std::memory_order_seq_cst))) {
+    case Departure::kAborted: return {" aborted the process group (abort() on that rank)", false};
+    case Departure::kFailed: return {" stopped after a failure it saw in this process group", false};
+    case Departure::kShutDown: return {" shut the process group down (destroy_process_group() on that rank)", false};
+    case Departure::kExiting: return {"'s process is exiting with ops of this group pending", false};
+  }
+  if (liveness_.peerHungUp(peer)) return {" closed the connection", true};
+  if (peerProcessEnded(peer)) return {"'s process ended", true};
+  return {};
+}
+
 void ShmGroup::throwIfPeerGone(int peer, Flag which, uint32_t target) const {
-  // a peer may publish its last flag and then exit: look at the flag once more first
-  const bool hungUp = liveness_.peerHungUp(peer);
-  if ((hungUp || peerProcessEnded(peer)) && !reached(flag(peer, which).load(std::memory_order_acquire), target)) {
-    throwPeerGone(peer, hungUp,
+  // a peer may publish its last flag and then exit or leave: look at the flag once more first
+  const Gone gone = peerGone(peer);
+  if (gone.how != nullptr && !reached(flag(peer, which).load(std::memory_order_acquire), target)) {
+    throwPeerGone(peer, gone,
                   strCat("waited for it to ", flagVerb(static_cast<int>(which)), " step ", target, " in shared memory"));
   }
 }
 
-void ShmGroup::throwPeerGone(int peer, bool hungUp, const std::string& waited) const {
+void ShmGroup::throwPeerGone(int peer, Gone gone, const std::string& waited) const {
   throw TransportError(TransportError::Kind::kPeerClosed, peer,
-                       strCat(describePeer(peer), hungUp ? " closed the connection" : "'s process ended",
-                              " while this rank ", waited, "; that rank probably exited or crashed"));
+                       strCat(describePeer(peer), gone.how, " while this rank ", waited,
+                              gone.crashed ? "; that rank probably exited or crashed" : ""));
 }
 
 void ShmGroup::throwTreeTimeout(Flag which, uint32_t target) const {
@@ -745,7 +789,10 @@ void ShmGroup::throwWentOverTcp(int peer, const WireHeader& header, const char* 
   throw TransportError(TransportError::Kind::kMismatch, peer, strCat(what, "; ", why));
 }
 
-void ShmGroup::abort() {
+void ShmGroup::abort(Departure why) {
+  // seq_cst, before the wakes: see RankControl::departed. The first reason stays.
+  uint32_t none = 0;
+  control(rank_).departed.compare_exchange_strong(none, static_cast<uint32_t>(why), std::memory_order_seq_cst);
   if (aborted_.exchange(true, std::memory_order_seq_cst)) return;
   wakeEveryRank();
 }

@@ -155,10 +155,17 @@ class ShmGroup {
   // Settles a pending checkAllPostedLater() first (by `deadline`).
   void announceTcpCollective(const Fingerprint& fingerprint, Deadline deadline);
 
-  // Wakes every waiter; blocked and later waits throw TransportError(kAborted). Any thread.
-  void abort();
-  // abort(), and says so to every rank of the segment: their blocked and later waits throw
-  // TransportError(kPeerClosed) naming this rank. For a rank that left a collective part-way
+  // Why a rank left the group for good, as its peers' errors say it (RankControl::departed).
+  enum class Departure : uint32_t { kAborted = 1, kFailed = 2, kShutDown = 3, kExiting = 4 };
+  // This rank leaves the group: every waiter of this process wakes, and its blocked and later
+  // waits throw TransportError(kAborted); a peer's wait for a flag this rank has not stored throws
+  // kPeerClosed naming this rank and `why` within one liveness look (about 50 ms), as a closed
+  // connection would say it (the TCP mesh says so only for the pairs it connected: on demand,
+  // maybe none). The flags this rank stored stay valid: a peer still finishing a collective this
+  // rank finished reads them as before. Idempotent (the first `why` stays). Any thread.
+  void abort(Departure why);
+  // abort(kFailed), and says so to every rank of the segment: their blocked and later waits throw
+  // TransportError(kPeerClosed) naming this rank, whatever their flags. For a rank that left a collective part-way
   // (an exception between two steps): its flags no longer say what its buffers hold. Any thread.
   void breakGroup();
 
@@ -215,9 +222,21 @@ class ShmGroup {
   void lookAtMissingPeers(Flag which, uint32_t target) const;
   // Throws kPeerClosed when `peer` is gone while its `which` flag is still short of `target`.
   void throwIfPeerGone(int peer, Flag which, uint32_t target) const;
-  // The kPeerClosed error for `peer`, gone (`hungUp`: its connection closed; else its process
-  // ended) while this rank `waited` ("waited for it to post its data for step 3 of ...").
-  [[noreturn]] void throwPeerGone(int peer, bool hungUp, const std::string& waited) const;
+  // How a peer is gone: it left the group (abort(): RankControl::departed), its connection
+  // closed, or its process ended. `how` completes "rank 3 (...)"; `crashed`: not a departure,
+  // so probably an exit or a crash.
+  struct Gone {
+    const char* how = nullptr;
+    bool crashed = false;
+  };
+  // Whether `peer` is gone, and how (null `how`: it is not). Collective thread (the liveness
+  // probe's peerHungUp).
+  Gone peerGone(int peer) const;
+  // The kPeerClosed error for `peer`, `gone` while this rank `waited` ("waited for it to post its
+  // data for step 3 of ...").
+  [[noreturn]] void throwPeerGone(int peer, Gone gone, const std::string& waited) const;
+  // A completed tree arrival of this rank (see RankControl::arrived).
+  void markArrived(Flag which, uint32_t step);
   [[noreturn]] void throwTreeTimeout(Flag which, uint32_t target) const;
   std::atomic<uint32_t>& flag(int owner, Flag which) const;
   // Stores this rank's flag and wakes who waits for it: waiters for this rank alone, and, when
@@ -292,6 +311,11 @@ class ShmGroup {
   // DDPLITE_TEST_HOOKS=shm_exit_unarrived=<rank>:<seq>: this rank SIGKILLs itself after storing
   // its posted flag of collective <seq>, before its arrival at the tree (0: never). Tests only.
   uint64_t exitUnarrivedSeq_ = 0;
+  // DDPLITE_TEST_HOOKS=shm_delay_arrival=<rank>:<seq>:<ms>: this rank sleeps there instead, and
+  // shm_combine_delay=<ms>: a combiner sleeps before it combines. Tests only.
+  uint64_t delayArrivalSeq_ = 0;
+  std::chrono::milliseconds delayArrival_{0};
+  std::chrono::milliseconds combineDelay_{0};
 };
 
 }  // namespace ddplite::cpu

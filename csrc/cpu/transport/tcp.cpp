@@ -252,17 +252,17 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
     return transport;
   }
   MeshSetup setup{rendezvous, rank, size, deadline, purpose, "", "", "", ""};
+  setup.fdOwner = transport.get();
   setup.failureRecordedBefore = rendezvous.recordedFailure().has_value();
-  setup.secret = shareSecret(setup);
+  setup.secret = shareSecret(setup, /*onDemand=*/false);
   setup.host = net::chooseListenAddress(&setup.why, rendezvous.storeHost());
   setup.scope = net::scopeOf(setup.host);
-  UniqueFd listener(openListener(setup));
+  UniqueFd listener(openListener(setup), setup.fdOwner);
   transport->addresses_[rank] = setup.myAddress;
   for (int peer = 0; peer < rank; ++peer) {
     transport->addresses_[peer] = setup.peerAddress(peer);
-    const int fd = connectToLowerRank(setup, peer, transport->addresses_[peer]);
+    const int fd = connectToLowerRank(setup, peer, transport->addresses_[peer]);  // registered at creation
     transport->fds_[static_cast<size_t>(peer)].store(fd, std::memory_order_release);
-    fork_guard::adopt(fd, transport.get());
   }
   acceptHigherRanks(setup, listener.get(), *transport);
   for (int peer = 0; peer < size; ++peer) {
@@ -278,8 +278,11 @@ std::unique_ptr<TcpTransport> TcpTransport::connectFullMesh(StoreRendezvous& ren
 // DDPLITE_AUTH_KEY_FILE, rank 0 writes a salt and a check value instead, and every rank derives
 // the secret from its key. "" when DDPLITE_AUTH=0 (a group-wide knob: every rank agrees, checked
 // before the mesh is built).
-std::string TcpTransport::shareSecret(const MeshSetup& setup) {
-  if (!env::authenticateConnections()) return "";
+std::string TcpTransport::shareSecret(const MeshSetup& setup, bool onDemand) {
+  if (!env::authenticateConnections()) {
+    warnUnauthenticated(setup, onDemand);
+    return "";
+  }
   const std::string storeKey = strCat(setup.purpose, "auth/secret");
   const char* keyHint = "give every rank the same DDPLITE_AUTH_KEY_FILE (or none: then rank 0 shares a secret "
                         "through the store)";
@@ -327,11 +330,14 @@ std::string TcpTransport::shareSecret(const MeshSetup& setup) {
   return auth::meshSecretFromKey(key, setup.purpose, salt);
 }
 
-// Listens on an ephemeral port of setup.host and publishes host:port in the store.
+// Listens on an ephemeral port of setup.host and publishes host:port in the store. The listener
+// is registered with fork_guard under setup.fdOwner.
 int TcpTransport::openListener(MeshSetup& setup) {
   const std::string about = strCat("to listen on ", setup.host);
   const net::Endpoint bindAddress = parseAddress(net::joinHostPort(setup.host, 0), setup.rank);
-  UniqueFd listener(socket(bindAddress.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  UniqueFd listener(
+      fork_guard::adoptNew(setup.fdOwner, [&] { return socket(bindAddress.family(), SOCK_STREAM | SOCK_CLOEXEC, 0); }),
+      setup.fdOwner);
   checkCall(listener.get(), setup.rank, "socket", about, setup.size);
   if (bind(listener.get(), bindAddress.get(), bindAddress.length) != 0 ||
       listen(listener.get(), SOMAXCONN) != 0) {  // strangers must not fill a backlog sized for the peers
@@ -354,7 +360,8 @@ int TcpTransport::openListener(MeshSetup& setup) {
 // holds the group's secret is not retried: that throws.
 int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoint& target, int* error, bool* kept) {
   const std::string about = "to connect to a lower rank";
-  UniqueFd fd(socket(target.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  UniqueFd fd(fork_guard::adoptNew(setup.fdOwner, [&] { return socket(target.family(), SOCK_STREAM | SOCK_CLOEXEC, 0); }),
+              setup.fdOwner);
   if (fd.get() < 0 && errno == EAFNOSUPPORT) {  // no IPv6 (or IPv4) in this kernel: not worth retrying
     *error = errno;
     return -1;
@@ -372,6 +379,7 @@ int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoi
   const int result = connect(fd.get(), target.get(), target.length);
   *error = (result == 0) ? 0 : (errno == EINPROGRESS ? finishConnect(fd.get(), setup.deadline, stop) : errno);
   if (*error != 0) return -1;
+  if (setup.helloDelay.count() > 0) std::this_thread::sleep_for(setup.helloDelay);  // DDPLITE_TEST_HOOKS
   // Once the Hello is out the listener may keep this connection: its verdict is awaited past the
   // transfer's deadline (up to kHandshakeLimit), so that a peer that kept it is not left with a
   // connection this rank closed. Only abort() cuts it short (the group is over then).
@@ -417,6 +425,21 @@ int TcpTransport::tryConnect(const MeshSetup& setup, int peer, const net::Endpoi
   }
   if (onDemand) *kept = !refused;
   return fd.release();
+}
+
+void TcpTransport::warnUnauthenticated(const MeshSetup& setup, bool onDemand) {
+  // Once per process and kind of mesh: every group and mesh of a job has the same knob.
+  static std::atomic<bool> warnedAtInit{false}, warnedOnDemand{false};
+  if ((onDemand ? warnedOnDemand : warnedAtInit).exchange(true)) return;
+  DDPLITE_LOG(kWarn, "rank ", setup.rank, "/", setup.size, ": DDPLITE_AUTH=0: ddplite's TCP connections are not "
+              "authenticated, so anyone who reaches a rank's listener and sends a plain hello claiming rank r is "
+              "taken for rank r",
+              onDemand ? ". This group connects on demand (DDPLITE_CONNECT; past 16 ranks by default), so that "
+                         "window is the whole job, not only set-up: whoever first claims rank r to a rank takes that "
+                         "pair for the rest of the job (the real rank r is refused and times out, and the stranger "
+                         "receives what this rank sends to r)"
+                       : " during set-up",
+              ". Use it only on a network you trust; docs/security.md");
 }
 
 void TcpTransport::throwImpostor(const MeshSetup& setup, int peer, const std::string& where, const std::string& why) {
@@ -520,7 +543,12 @@ void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener
   while (true) {
     sockaddr_storage from = {};
     socklen_t length = sizeof(from);
-    UniqueFd fd(accept4(listener, reinterpret_cast<sockaddr*>(&from), &length, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    UniqueFd fd(fork_guard::adoptNew(setup.fdOwner,
+                                     [&] {
+                                       return accept4(listener, reinterpret_cast<sockaddr*>(&from), &length,
+                                                      SOCK_CLOEXEC | SOCK_NONBLOCK);
+                                     }),
+                setup.fdOwner);
     if (fd.get() < 0) {
       // EAGAIN: nothing more waiting. ECONNABORTED: that connection gave up. Anything else (out
       // of descriptors: the connection stays queued and the listener readable) is warned about
@@ -544,7 +572,22 @@ void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener
       }
       return;
     }
-    PendingHandshake connection{std::move(fd), net::describeEndpoint(reinterpret_cast<sockaddr*>(&from)),
+    std::string peerAddress = net::describeEndpoint(reinterpret_cast<sockaddr*>(&from));
+    // Room for every peer still to come (set-up: in a large group all higher ranks connect at
+    // once, and none may be pushed out by the others), plus kMaxPendingHandshakes strangers. Past
+    // that, the oldest gives way only once it has had kEvictableAfter, a hundred times a live
+    // rank's handshake; else the newcomer is closed (a rank's connector retries). So strangers
+    // that reconnect as soon as they are dropped cannot push a rank's handshake out in a chain of
+    // evictions, and no more than the cap are held at once.
+    if (pending.size() >= stillExpected + kMaxPendingHandshakes) {
+      if (Clock::now() - pending.front().accepted < kEvictableAfter) {
+        warnCapFull(setup, peerAddress, "closed at once");
+        continue;
+      }
+      warnCapFull(setup, pending.front().from, "dropped to make room");
+      pending.erase(pending.begin());
+    }
+    PendingHandshake connection{std::move(fd), std::move(peerAddress),
                                 std::min<Deadline>(setup.deadline, Clock::now() + kHandshakeLimit)};
     if (setup.authenticates()) {
       connection.challenge = auth::newNonce();
@@ -555,15 +598,19 @@ void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener
         continue;
       }
     }
-    // Room for every peer still to come, plus kMaxPendingHandshakes strangers: in a large group
-    // all higher ranks connect at once, and none of them may be pushed out by the others.
-    if (pending.size() >= stillExpected + kMaxPendingHandshakes) {
-      warnDropped(setup, pending.front().from,
-                  strCat("more than ", kMaxPendingHandshakes, " connections were waiting to complete a handshake"));
-      pending.erase(pending.begin());
-    }
     pending.push_back(std::move(connection));
   }
+}
+
+void TcpTransport::warnCapFull(const MeshSetup& setup, const std::string& from, const char* what) {
+  // At most one warning per process every 10 s: strangers that keep reconnecting would flood the log.
+  static std::atomic<int64_t> lastWarning{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()).count();
+  int64_t last = lastWarning.load(std::memory_order_relaxed);
+  if (now - last < 10 || !lastWarning.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;
+  warnDropped(setup, from,
+              strCat("more than ", kMaxPendingHandshakes, " connections were waiting to complete a handshake, so it was ",
+                     what, " (warned at most every 10 s)"));
 }
 
 // Reads what has arrived of the connection's Hello. Nothing while the handshake is still under
@@ -611,9 +658,8 @@ std::optional<std::string> TcpTransport::advanceHandshake(const MeshSetup& setup
       return strCat("the acknowledgement could not be sent: ", std::strerror(errno));
     }
   }
-  const int fd = connection.fd.release();
+  const int fd = connection.fd.release();  // registered with fork_guard since accept4
   transport.fds_[static_cast<size_t>(hello.rank)].store(fd, std::memory_order_release);
-  fork_guard::adopt(fd, &transport);
   return "";
 }
 
@@ -722,6 +768,9 @@ void TcpTransport::abort() {
   for (int peer = 0; peer < size_; ++peer) {
     if (const int fd = fdOf(peer); fd >= 0) shutdown(fd, SHUT_RDWR);
   }
+  // On demand, a peer that never connected to this rank learns that it left from the closed
+  // listener (its connect is refused: kPeerClosed within kRefusedMeansGone), not at its deadline.
+  stopAcceptor();
 }
 
 void TcpTransport::throwIoError(int peer, const char* syscall, int error) const {

@@ -98,7 +98,9 @@ class TcpTransport final : public Transport {
   // Every connection is authenticated first (auth.hpp) unless DDPLITE_AUTH=0.
   struct MeshSetup;
   struct PendingHandshake;
-  static std::string shareSecret(const MeshSetup& setup);
+  static std::string shareSecret(const MeshSetup& setup, bool onDemand);
+  // The warning of DDPLITE_AUTH=0 (once per process and kind of mesh): who can take a rank's place, and when.
+  static void warnUnauthenticated(const MeshSetup& setup, bool onDemand);
   static int openListener(MeshSetup& setup);
   // `kept`: null at set-up; on demand, set to the listener's verdict (false: it keeps its own
   // connection to this rank and refuses this one).
@@ -113,6 +115,9 @@ class TcpTransport final : public Transport {
   static std::optional<std::string> advanceHandshake(const MeshSetup& setup, PendingHandshake& connection,
                                                      TcpTransport& transport);
   static void warnDropped(const MeshSetup& setup, const std::string& from, const std::string& why);
+  // warnDropped for a connection dropped because the pending handshakes are at their cap (`what`
+  // was done with it), at most every 10 s.
+  static void warnCapFull(const MeshSetup& setup, const std::string& from, const char* what);
   // `report`: "; first failure reported: ..." or ""; `timedOut`: at the deadline, else on a failure recorded by a peer.
   [[noreturn]] static void throwMissingHigherRanks(const MeshSetup& setup, const TcpTransport& transport,
                                                    const std::string& report, bool timedOut);
@@ -139,8 +144,9 @@ class TcpTransport final : public Transport {
   void stopAcceptor();
   // Ends the waits of connecting threads (abort).
   void wakeConnectors();
-  // `peer`'s published address, read from the store the first time (the connecting thread).
-  std::string addressOf(int peer);
+  // `peer`'s published address, read from the store the first time (the connecting thread); by
+  // `deadline` and abort(), else TransportError kTimeout / kAborted.
+  std::string addressOf(int peer, Deadline deadline);
   // Records `fd` as `peer`'s socket, under OnDemand::mutex (release: its set-up happens before
   // any thread's acquire load of it in fdOf), and wakes connectors waiting for it.
   void publishFd(int peer, int fd);

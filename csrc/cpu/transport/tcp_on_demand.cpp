@@ -50,22 +50,22 @@ std::unique_ptr<TcpTransport> TcpTransport::listenOnDemand(StoreRendezvous& rend
   std::unique_ptr<TcpTransport> transport(new TcpTransport(rank, size, checkFingerprints));
   if (size == 1) return transport;
   MeshSetup setup{rendezvous, rank, size, Deadline::max(), purpose, "", "", "", ""};
+  setup.fdOwner = transport.get();
+  setup.helloDelay = std::chrono::milliseconds(env::testHooks().tcpHelloDelayMs);
   setup.failureRecordedBefore = true;  // set-up failures are reported by the transfer that meets them
-  setup.secret = shareSecret(setup);
+  setup.secret = shareSecret(setup, /*onDemand=*/true);
   setup.host = net::chooseListenAddress(&setup.why, rendezvous.storeHost());
   setup.scope = net::scopeOf(setup.host);
   auto onDemand = std::make_unique<OnDemand>(std::move(setup));
   onDemand->connecting.assign(static_cast<size_t>(size), 0);
-  onDemand->listener = openListener(onDemand->setup);
-  fork_guard::adopt(onDemand->listener, transport.get());
+  onDemand->listener = openListener(onDemand->setup);  // registered with fork_guard
   transport->addresses_[rank] = onDemand->setup.myAddress;
   TcpTransport* raw = transport.get();
   transport->onDemand_ = std::move(onDemand);  // from here the destructor closes what it holds
   OnDemand& state = *raw->onDemand_;
   setBlocking(state.listener, false, rank, "to accept connections on demand");
-  state.wakeFd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  state.wakeFd = fork_guard::adoptNew(raw, [] { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); });
   checkCall(state.wakeFd, rank, "eventfd", "for the connection acceptor", size);
-  fork_guard::adopt(state.wakeFd, raw);
   try {
     state.acceptor = std::make_unique<std::thread>([raw] { raw->acceptLoop(); });
     nameThread(*state.acceptor, "ddplite-accept");
@@ -115,7 +115,8 @@ void TcpTransport::acceptLoop() {
         if (!refusal->empty()) warnDropped(state.setup, connection.from, *refusal);
         pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i - 2));
       }
-      if (entries[0].revents != 0) acceptWaitingConnections(state.setup, state.listener, size_, pending);
+      // On demand no peer is expected at any given moment: the cap is kMaxPendingHandshakes.
+      if (entries[0].revents != 0) acceptWaitingConnections(state.setup, state.listener, 0, pending);
     } catch (...) {
       // Out of descriptors (accept) or memory: the connection stays queued and its connector
       // retries until its deadline.
@@ -162,8 +163,7 @@ std::optional<std::string> TcpTransport::answerOnDemand(const MeshSetup& setup, 
       return strCat("the answer to its handshake could not be sent: ", std::strerror(errno));
     }
     if (!keep) return "";  // refused: the connection closes as `connection` is dropped
-    const int fd = connection.fd.release();
-    fork_guard::adopt(fd, &transport);
+    const int fd = connection.fd.release();  // registered with fork_guard since accept4
     transport.fds_[static_cast<size_t>(peer)].store(fd, std::memory_order_release);
     // Its listening address is read only by a connect of this rank's; meanwhile errors name the
     // address the connection came from.
@@ -177,17 +177,28 @@ std::optional<std::string> TcpTransport::answerOnDemand(const MeshSetup& setup, 
   return "";
 }
 
-std::string TcpTransport::addressOf(int peer) {
+std::string TcpTransport::addressOf(int peer, Deadline deadline) {
   OnDemand& state = *onDemand_;
   {
     std::lock_guard<std::mutex> lock(state.mutex);
     // An address taken from an accepted connection is its ephemeral port, not the listener's.
     if (fdOf(peer) < 0 && !addresses_[static_cast<size_t>(peer)].empty()) return addresses_[static_cast<size_t>(peer)];
   }
-  const std::string address = state.setup.peerAddress(peer);  // waits for the peer to publish it
+  // The peer publishes it as it listens, during its init: a peer that died before is waited for
+  // until the transfer's deadline or abort(), not the store's timeout.
+  const MeshSetup& setup = state.setup;
+  const std::optional<std::string> address =
+      setup.rendezvous.getBefore(setup.addressKey(peer), strCat("the address of rank ", peer), deadline, &aborted_);
+  if (!address) {
+    if (aborted_) throw TransportError(TransportError::Kind::kAborted, peer, "the group was aborted");
+    throw TransportError(TransportError::Kind::kTimeout, peer,
+                         strCat("Timed out waiting for rank ", peer, " to publish its address in the store, so rank ",
+                                rank_, " could not connect to it: rank ", peer,
+                                " has not finished its init of this group (it may have failed or exited during it)"));
+  }
   std::lock_guard<std::mutex> lock(state.mutex);
-  addresses_[static_cast<size_t>(peer)] = address;
-  return address;
+  addresses_[static_cast<size_t>(peer)] = *address;
+  return *address;
 }
 
 void TcpTransport::publishFd(int peer, int fd) {
@@ -195,14 +206,8 @@ void TcpTransport::publishFd(int peer, int fd) {
     std::lock_guard<std::mutex> lock(onDemand_->mutex);
     onDemand_->connecting[static_cast<size_t>(peer)] = 0;
     if (fdOf(peer) >= 0) {  // the acceptor took the peer's own connection meanwhile: one socket per pair
-      close(fd);
+      fork_guard::close(fd, this);
       return;
-    }
-    try {
-      fork_guard::adopt(fd, this);
-    } catch (...) {
-      close(fd);
-      throw;
     }
     fds_[static_cast<size_t>(peer)].store(fd, std::memory_order_release);
     // abort()'s shutdown loop may have run before this publication: end the socket here too.
@@ -231,7 +236,7 @@ void TcpTransport::ensureConnectedSlow(int peer, Deadline deadline) {
 // address is read from the store, the acceptor keeps the peer's own connection.
 void TcpTransport::connectOnDemand(int peer, Deadline deadline) {
   OnDemand& state = *onDemand_;
-  const std::string address = addressOf(peer);
+  const std::string address = addressOf(peer, deadline);
   const net::Endpoint target = parseAddress(address, rank_, state.setup.scope);
   MeshSetup attempt = state.setup;
   attempt.deadline = deadline;
@@ -267,7 +272,7 @@ void TcpTransport::connectOnDemand(int peer, Deadline deadline) {
       // Refused: `peer` keeps a connection of its own to this rank (made, or under way). Wait a
       // moment for this rank's acceptor to take it, then try again: a peer whose own connect
       // failed refuses no more.
-      close(fd);
+      fork_guard::close(fd, this);
       refusedSince.reset();
       std::unique_lock<std::mutex> lock(state.mutex);
       state.connected.wait_until(lock, std::min(deadline, Clock::now() + kRefusedWait), connectedOrAborted);
@@ -287,7 +292,8 @@ void TcpTransport::connectOnDemand(int peer, Deadline deadline) {
       if (Clock::now() - *refusedSince >= kRefusedMeansGone) {
         throw TransportError(TransportError::Kind::kPeerClosed, peer,
                              strCat("rank ", peer, "'s listener at ", address, " refuses connections (",
-                                    std::strerror(error), "): that rank probably exited or crashed"));
+                                    std::strerror(error), "): that rank left this group (abort(), "
+                                    "destroy_process_group(), a failure of its own) or exited or crashed"));
       }
     } else {
       refusedSince.reset();

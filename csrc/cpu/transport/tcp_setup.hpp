@@ -5,6 +5,7 @@
 #include "common/env.hpp"
 #include "common/errors.hpp"
 #include "common/fd_limits.hpp"
+#include "common/fork_guard.hpp"
 #include "cpu/transport/auth.hpp"
 #include "cpu/transport/net_iface.hpp"
 #include "cpu/transport/tcp.hpp"
@@ -33,10 +34,12 @@ constexpr uint32_t kOnDemandHelloMagic = 0xdd911e05;      // without a MAC (DDPL
 constexpr uint32_t kOnDemandAuthHelloMagic = 0xdd911e06;  // with a MAC
 constexpr uint32_t kRejectMagic = 0xdd911e07;
 // How long an accepted connection may take to complete its handshake, and how many may be
-// pending at once beyond the peers still expected (the oldest is dropped past that): a stranger
-// holds up nothing but its slot.
+// pending at once beyond the peers still expected (none on demand): a stranger holds up nothing
+// but its slot. Past the cap, the oldest is dropped if it has been pending kEvictableAfter, else
+// the newcomer is (acceptWaitingConnections).
 constexpr auto kHandshakeLimit = std::chrono::seconds(10);
 constexpr size_t kMaxPendingHandshakes = 64;
+constexpr auto kEvictableAfter = std::chrono::seconds(1);
 
 struct Challenge {
   uint32_t magic;
@@ -81,23 +84,24 @@ std::string familyHint();
 bool closedByPeer(int fd);
 std::string unreachableHint();
 
-// Owns a descriptor during set-up, so that every exit path, exceptions included, closes it.
+// Owns a descriptor during set-up, so that every exit path, exceptions included, closes it. One
+// made with a `guardOwner` is registered with fork_guard under that owner (adoptNew, at its
+// creation) and closed through it; release() hands it over still registered.
 class UniqueFd {
  public:
-  explicit UniqueFd(int fd = -1) : fd_(fd) {}
+  explicit UniqueFd(int fd = -1, const void* guardOwner = nullptr) : fd_(fd), guardOwner_(guardOwner) {}
   UniqueFd(const UniqueFd&) = delete;
   UniqueFd& operator=(const UniqueFd&) = delete;
-  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd(UniqueFd&& other) noexcept : guardOwner_(other.guardOwner_) { fd_ = other.release(); }
   UniqueFd& operator=(UniqueFd&& other) noexcept {
     if (this != &other) {
-      if (fd_ >= 0) close(fd_);
+      reset();
+      guardOwner_ = other.guardOwner_;
       fd_ = other.release();
     }
     return *this;
   }
-  ~UniqueFd() {
-    if (fd_ >= 0) close(fd_);
-  }
+  ~UniqueFd() { reset(); }
   int get() const { return fd_; }
   int release() {
     const int fd = fd_;
@@ -106,7 +110,18 @@ class UniqueFd {
   }
 
  private:
+  void reset() {
+    if (fd_ < 0) return;
+    if (guardOwner_ != nullptr) {
+      fork_guard::close(fd_, guardOwner_);
+    } else {
+      close(fd_);
+    }
+    fd_ = -1;
+  }
+
   int fd_;
+  const void* guardOwner_;
 };
 
 }  // namespace tcp_detail
@@ -129,6 +144,13 @@ struct TcpTransport::MeshSetup {
   bool failureRecordedBefore = false;
   // On demand: the transport's abort flag; every wait of a connect ends when it is set.
   const std::atomic<bool>* aborted = nullptr;
+  // The transport the mesh's descriptors belong to: each is registered with fork_guard under it
+  // as it is created (socket(), accept4()), so that a child forked during a handshake (a
+  // DataLoader worker, while a pair connects on demand) holds no copy of it.
+  const void* fdOwner = nullptr;
+  // DDPLITE_TEST_HOOKS=tcp_hello_delay=<ms>: an on-demand connect sleeps this long between its
+  // connect and its Hello (two ranks connecting to each other race for sure). Tests only.
+  std::chrono::milliseconds helloDelay{0};
 
   std::string addressKey(int peer) const { return strCat(purpose, "addr/", peer); }
   std::string peerAddress(int peer) const {
@@ -142,6 +164,7 @@ struct TcpTransport::PendingHandshake {
   tcp_detail::UniqueFd fd;
   std::string from;  // the connecting end's address, for warnings
   Deadline until;    // dropped when its Hello is not complete by then
+  Clock::time_point accepted = Clock::now();
   auth::Nonce challenge{};
   tcp_detail::Hello hello{};
   size_t received = 0;  // bytes of `hello` read so far
