@@ -339,8 +339,9 @@ def merged_table(path, lines, head):
     order = [m.name for m in MUTANTS if m.name in rows]
     killed = sum(1 for name in order if "| killed |" in rows[name])
     first = old[0] if old and old[0].startswith("Mutants of commit") else lines[0]
+    reruns = [line for line in old if line.startswith("Rerun at commit")]  # earlier --only runs stay named
     updated = ", ".join(line.split("`")[1] for line in lines if line.startswith("| `"))
-    return "\n".join([first, f"Rerun at commit `{head}` with `--only` for: {updated}.", "", *lines[2:4],
+    return "\n".join([first, *reruns, f"Rerun at commit `{head}` with `--only` for: {updated}.", "", *lines[2:4],
                       *(rows[name] for name in order), "", f"{killed} of {len(order)} killed."]) + "\n"
 
 

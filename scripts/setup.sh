@@ -23,7 +23,8 @@ torchvision = {"2.11.0": "0.26.0"}.get(sys.argv[1])
 want = {"torch": sys.argv[1], "torchvision": torchvision, "numpy": None, "pytest": None,
         "ninja": None, "wheel": None, "tqdm": None, "matplotlib": None, "hypothesis": None,
         "expecttest": None,  # expecttest: torch's own distributed test suite imports it (tests/torch_suite_runner.py)
-        "torchft": "0.2.0"}  # torchft (pinned: its process-group API moves): the optional extra torch_ddp_lite.torchft serves (tests/test_torchft.py)
+        "torchft": "0.2.0",  # torchft (pinned: its process-group API moves): the optional extra torch_ddp_lite.torchft serves (tests/test_torchft.py)
+        "parameterized": None}  # torchft's own test modules import it (tests/torchft_suite_runner.py runs them on ddplite)
 out = []
 for name, version in want.items():
     try:

@@ -1,17 +1,21 @@
 """torchft on ddplite (issue 28): ProcessGroupDdplite serves every collective torchft calls through
 reconfigurations, records a dead peer's error for the Manager instead of raising, and torchft's
 Manager trains two replica groups on it, healing a killed-and-restarted one (the example's --torchft
-mode), with torchft's own ProcessGroupGloo as the oracle."""
+mode), with torchft's own ProcessGroupGloo as the oracle. torchft's own tests of its gloo group and
+of its Manager run on ProcessGroupDdplite too, gloo as the oracle (issue 41, item 9)."""
 
 import os
 import re
+import subprocess
 import sys
+import time
+import xml.etree.ElementTree as ElementTree
 
 import pytest
 import torch
 import torch.distributed as dist
 
-pytest.importorskip("torchft", reason="torchft is not installed (scripts/setup.sh installs it)")
+torchft = pytest.importorskip("torchft", reason="torchft is not installed (scripts/setup.sh installs it)")
 
 import torchft_workers  # noqa: E402
 from harness import run_ranks  # noqa: E402
@@ -56,12 +60,15 @@ def test_every_collective_through_reconfigurations_and_a_dead_peer(world_size, t
         failure = outcome["failure"]
         # torchft's Manager expects wait() not to raise: the error is kept for errored()
         assert failure["waited"] is True, failure
-        name, message = failure["error"]
-        assert name == "DistBackendError" and f"rank {victim}" in message, failure
+        # torchft's contract (its NCCL group's RuntimeError("aborted")), the backend's error as the cause
+        cause_name, cause = failure["cause"]
+        assert cause_name == "DistBackendError" and f"rank {victim}" in cause, failure
+        assert failure["error"] == ("RuntimeError", f"ddplite process group aborted: {cause}"), failure
         assert failure["noticed"] < 5, failure  # the dead peer is seen at once, not at the 30 s timeout
         print(f"{transport} {world_size} ranks, rank {victim} killed: rank {rank}'s all_reduce recorded "
-              f"{name} after {failure['noticed']:.2f} s")
+              f"{cause_name} after {failure['noticed']:.2f} s")
         assert failure["future_value"] is None and failure["same_error_after_future"], failure
+        assert failure["same_error_after_abort"], failure
         assert failure["errored_after_configure"] is None, failure
         assert failure["errored_after_stale_work"] is None, failure
         assert failure["errored_after_abort"] == ("RuntimeError", "ddplite process group aborted"), failure
@@ -106,3 +113,67 @@ def test_training_goes_on_alone_while_the_killed_replica_restarts(tmp_path):
     healed = re.search(r"replica 1 step 0: .*healed from a live replica, now at step (\d+)", after_kill)
     assert healed and int(healed.group(1)) > 5, output
     assert re.search(r"replica 1 step 39: .*2 replica\(s\) in the quorum, committed", output), output
+
+
+# torchft's own tests that make a ProcessGroupGloo (tests/torchft_suite_runner.py puts
+# ProcessGroupDdplite in its place), from the torchft wheel. Not selected: the Baby* groups (torchft's
+# subprocess wrappers of gloo and NCCL), the NCCL ones (a GPU), those on ProcessGroupDummy or a mock.
+# manager_test.py is not run: every test there gives the Manager create_autospec(ProcessGroup).
+TORCHFT_SUITE = {
+    "process_group_test.py": ["NormalGlooMultiPgTest", "test_gloo_apis", "test_gloo_timeout",
+                              "test_functional_collectives"],
+    "manager_integ_test.py": ["ManagerIntegTest"],
+}
+
+
+def _run_torchft_suite(group, tmp_path):
+    """One pytest run of TORCHFT_SUITE on `group` (gloo or ddplite); returns ({test: outcome},
+    {test: {group names it made}}, seconds, output)."""
+    torchft_dir = os.path.dirname(torchft.__file__)  # torchft's tests ship in its wheel
+    junit, record = tmp_path / f"{group}.xml", tmp_path / f"{group}.record"
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, DDPLITE_TORCHFT_SUITE_PG=group, DDPLITE_TORCHFT_SUITE_RECORD=str(record),
+               PYTHONHASHSEED="0",  # torchft names its parametrized tests in a set's order
+               PYTHONPATH=os.pathsep.join([tests_dir, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    files = [os.path.join(torchft_dir, name) for name in TORCHFT_SUITE]
+    select = " or ".join(name for names in TORCHFT_SUITE.values() for name in names)
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "torchft_suite_runner",
+                          f"--junitxml={junit}", "-k", select, *files],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    elapsed = time.monotonic() - started
+    output = run.stdout + run.stderr
+    assert junit.exists(), output[-6000:]
+    outcomes = {}  # tests as "process_group_test.py::Class::test", in the junit and in the record
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        problem = next((tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None), None)
+        module, cls = case.get("classname").rsplit(".", 1)
+        outcomes[f"{module.rsplit('.', 1)[-1]}.py::{cls}::{case.get('name')}"] = problem or "passed"
+    made = {}
+    for line in (record.read_text().splitlines() if record.exists() else []):
+        test, made_group = line.split()
+        path, test_in_file = test.split("::", 1)
+        made.setdefault(f"{os.path.basename(path)}::{test_in_file}", set()).add(made_group)
+    return outcomes, made, elapsed, output
+
+
+@pytest.mark.slow
+def test_torchft_own_tests_pass_on_ddplite_as_on_gloo(tmp_path):
+    """Every one of torchft's tests in TORCHFT_SUITE that passes on its ProcessGroupGloo passes with
+    ProcessGroupDdplite in its place, and the groups those tests made were ddplite's."""
+    pytest.importorskip("parameterized", reason="torchft's tests import it (scripts/setup.sh installs it)")
+    gloo, gloo_made, gloo_seconds, gloo_output = _run_torchft_suite("gloo", tmp_path)
+    ours, ours_made, ours_seconds, output = _run_torchft_suite("ddplite", tmp_path)
+    for group, outcomes, seconds in (("gloo", gloo, gloo_seconds), ("ddplite", ours, ours_seconds)):
+        print(f"torchft's tests on {group}: {sum(o == 'passed' for o in outcomes.values())} passed, "
+              f"{sum(o == 'skipped' for o in outcomes.values())} skipped of {len(outcomes)} in {seconds:.0f} s")
+    passed_on_gloo = {test for test, outcome in gloo.items() if outcome == "passed"}
+    for name in TORCHFT_SUITE:  # the selection still finds torchft's tests (a new torchft may rename them)
+        assert any(test.startswith(f"{name}::") for test in passed_on_gloo), (name, gloo_output[-6000:])
+    assert sorted(ours) == sorted(gloo), output[-6000:]
+    differing = sorted(test for test in passed_on_gloo if ours[test] != "passed")
+    assert not differing, f"pass on gloo, not on ddplite: {differing}\n{output[-12000:]}"
+    # the oracle ran on gloo; the same tests made ddplite groups, and no gloo one
+    assert set().union(*gloo_made.values()) == {"torchft-gloo"}, gloo_made
+    assert set().union(*ours_made.values()) == {"torchft-ddplite"}, ours_made
+    assert set(ours_made) == set(gloo_made) and len(gloo_made) >= 10, (sorted(gloo_made), sorted(ours_made))

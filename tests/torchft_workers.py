@@ -95,10 +95,13 @@ def reconfigured_rounds(rank, world_size, victim):
     waited = work.wait()
     error = pg.errored()
     failure = {"waited": waited, "noticed": time.monotonic() - started,
-               "error": (type(error).__name__, str(error)) if error is not None else None}
+               "error": (type(error).__name__, str(error)) if error is not None else None,
+               "cause": (type(error.__cause__).__name__, str(error.__cause__)) if error is not None else None}
     # the future path: completes with None, the error kept (the first one, not replaced)
     failure["future_value"] = work.get_future().wait()
     failure["same_error_after_future"] = pg.errored() is error
+    pg.abort()  # an abort keeps the collective's error, the cause
+    failure["same_error_after_abort"] = pg.errored() is error
     survivors = [r for r in range(world_size) if r != victim]
     pg.configure(_store_address(4), f"replica_{rank}", survivors.index(rank), len(survivors), quorum_id=4)
     failure["errored_after_configure"] = pg.errored()

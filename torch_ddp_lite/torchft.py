@@ -21,8 +21,16 @@ the Manager expects ("the Future will be completed with no error and instead tra
 asynchronously"), the first error is kept and ``errored()`` returns it, so ``Manager.should_commit``
 drops the step and the next quorum leaves the dead peer out. The work's future then completes with
 None. (torchft 0.2.0's DistributedDataParallel comm hook fails on a ``wait()`` that raises.)
-``errored()`` also returns the error that made this group abort. Both are cleared by the next
+``errored()`` reports it as torchft's groups report theirs: a RuntimeError that says the group
+aborted (torchft's NCCL and XCCL groups return RuntimeError("aborted"), and its own process-group
+tests require the word), here "ddplite process group aborted: " and the collective's error, which is
+also its ``__cause__`` (the backend's DistBackendError, naming the failed peer). ``abort()`` with no
+error kept makes it RuntimeError("ddplite process group aborted"). Both are cleared by the next
 ``configure``; an error from an older quorum's work is ignored.
+
+torchft's own tests that drive its ProcessGroupGloo (process_group_test.py's gloo tests,
+manager_integ_test.py) run against this class in CI, gloo as the oracle (tests/test_torchft.py,
+tests/torchft_suite_runner.py).
 """
 
 import logging
@@ -123,11 +131,13 @@ class ProcessGroupDdplite(ProcessGroupWrapper):
         return group
 
     def abort(self, errored: bool = True) -> None:
-        """Aborts the current group (its in-flight collectives fail; nothing waits on peers).
-        ``errored=False`` is ``configure`` replacing a healthy group."""
+        """Aborts the current group (its in-flight collectives fail; nothing waits on peers);
+        ``errored()`` then returns RuntimeError("ddplite process group aborted"), or the failed
+        collective's error already kept. ``errored=False`` is ``configure`` replacing a healthy group."""
         if errored:
             with self._error_lock:
-                self._errored = RuntimeError("ddplite process group aborted")
+                if self._errored is None:
+                    self._errored = RuntimeError("ddplite process group aborted")
         super().abort(errored=errored)
 
     def shutdown(self) -> None:
@@ -142,15 +152,23 @@ class ProcessGroupDdplite(ProcessGroupWrapper):
         return _ErrorRecordingWork(self, work, generation)
 
     def _record_error(self, error: Exception, generation: int) -> None:
-        """Keeps the first error of the current quorum (later ones follow from it)."""
+        """Keeps the first error of the current quorum (later ones follow from it), as torchft's
+        groups report one: a RuntimeError saying "aborted", here with the cause in its message
+        and as its ``__cause__`` (the backend's DistBackendError, which names the failed peer)."""
         with self._error_lock:
             if generation != self._generation or self._errored is not None:
                 return
-            self._errored = error
+            aborted = RuntimeError(f"ddplite process group aborted: {error}")
+            aborted.__cause__ = error
+            self._errored = aborted
         logger.warning("ddplite collective failed; torchft drops this step: %s", error)
 
     def errored(self) -> Optional[Exception]:
-        """The first collective error, or the abort, since the last ``configure``; else None."""
+        """None while the group is healthy; else the first error since the last ``configure``:
+        a RuntimeError whose message starts "ddplite process group aborted" (torchft's contract:
+        its NCCL and XCCL groups return RuntimeError("aborted"), and its own process-group tests
+        check the message), followed by the failed collective's error, which is also its
+        ``__cause__``."""
         with self._error_lock:
             return self._errored
 
