@@ -221,9 +221,8 @@ MUTANTS = [
            "hierarchical all_gather reads the staged blocks in rank order where they are host-major",
            ("tests/test_multihost.py", "-k", "not_host_major")),
     Mutant("shrink_ignores_decision", "backend/backend.cpp",
-           "    const std::string decided = decide(strCat(\"agreed \", mine));\n"
-           "    if (decided.rfind(\"abandoned\", 0) == 0) throwAbandoned(decided);",
-           "    decide(strCat(\"agreed \", mine));",
+           "    const std::string decided = decide(agreed);\n    if (decided != agreed) throwAbandoned(decided);",
+           "    decide(agreed);",
            "a survivor that agrees after the others abandoned a shrink builds the new group alone",
            ("tests/test_shrink.py",)),
     Mutant("process_identity_ignores_pid_reuse", "common/process_identity.cpp",

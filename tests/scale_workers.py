@@ -326,13 +326,17 @@ def _listening_addresses():
     return addresses
 
 
-def _keep_silent_connections(addresses, per_listener, opened, stop):
+def _keep_silent_connections(addresses, per_listener, opened, stop, churn):
     """Holds `per_listener` silent connections to each address; reconnects each one the listener
-    drops, at once, until `stop` is set (strangers that come back as soon as they are pushed out)."""
+    drops, at once, until `stop` is set (strangers that come back as soon as they are pushed out).
+    `churn`: each one also closes itself within 0.5 s of its connect and reconnects at once, so the
+    pending slots never hold a connection older than that."""
+    import random
     import select
     import socket
 
-    held = []
+    held, closes_at = [], {}
+    draw = random.Random(7)
 
     def one(address):
         connection = socket.socket()
@@ -340,13 +344,24 @@ def _keep_silent_connections(addresses, per_listener, opened, stop):
         connection.settimeout(5)
         connection.connect(address)
         connection.setblocking(False)
+        closes_at[connection] = time.monotonic() + draw.uniform(0.05, 0.5)
         return (connection, address)
 
     for address in addresses:
         held += [one(address) for _ in range(per_listener)]
     opened.set()
     while not stop.is_set():
-        readable, _, _ = select.select([c for c, _ in held], [], [], 0.05)
+        if churn:
+            now = time.monotonic()
+            for index, (connection, address) in enumerate(held):
+                if closes_at.get(connection, now + 1) <= now:
+                    closes_at.pop(connection, None)
+                    connection.close()
+                    try:
+                        held[index] = one(address)
+                    except OSError:
+                        held[index] = (socket.socket(), address)
+        readable, _, _ = select.select([c for c, _ in held if c.fileno() >= 0], [], [], 0.05)
         for connection in readable:
             try:
                 dropped = connection.recv(64) == b""  # a challenge (authentication) is not a drop
@@ -357,6 +372,7 @@ def _keep_silent_connections(addresses, per_listener, opened, stop):
             if dropped:
                 index = next(i for i, (c, _) in enumerate(held) if c is connection)
                 address = held[index][1]
+                closes_at.pop(connection, None)
                 connection.close()
                 try:
                     held[index] = one(address)
@@ -366,7 +382,7 @@ def _keep_silent_connections(addresses, per_listener, opened, stop):
         connection.close()
 
 
-def silent_connections_during_the_job(rank, world_size, attacked, per_listener):
+def silent_connections_during_the_job(rank, world_size, attacked, per_listener, churn=False):
     """DDPLITE_CONNECT=on_demand over TCP. The last rank opens `per_listener` silent connections to
     every listener of each rank in `attacked` (its collectives' and send/recv meshes) and reopens
     each one that is dropped, while the job connects its pairs (an all_to_all: every pair) and
@@ -387,8 +403,8 @@ def silent_connections_during_the_job(rank, world_size, attacked, per_listener):
         import ast
 
         addresses = [a for r in attacked for a in ast.literal_eval(store.get(f"attack/listeners/{r}").decode())]
-        thread = threading.Thread(target=_keep_silent_connections, args=(addresses, per_listener, opened, stop),
-                                  daemon=True)
+        thread = threading.Thread(target=_keep_silent_connections,
+                                  args=(addresses, per_listener, opened, stop, churn), daemon=True)
         thread.start()
         if not opened.wait(60):
             raise AssertionError("the attacker could not open its connections")
@@ -397,6 +413,7 @@ def silent_connections_during_the_job(rank, world_size, attacked, per_listener):
     time.sleep(1.0)  # every listener's acceptor has taken (or refused) the strangers
     peak = len(os.listdir("/proc/self/fd"))
     right = True
+    started = time.monotonic()
     for _ in range(3):  # every pair connects (to the attacked ranks too) under the attack
         sent = torch.arange(world_size, dtype=torch.float32) + 100 * rank
         got = torch.empty(world_size)
@@ -407,13 +424,15 @@ def silent_connections_during_the_job(rank, world_size, attacked, per_listener):
         right &= bool(total.eq(world_size * (world_size + 1) / 2).all())
         peak = max(peak, len(os.listdir("/proc/self/fd")))
         time.sleep(0.5)
+    seconds = time.monotonic() - started - 1.5  # the loop's own sleeps aside
     peak = max(peak, len(os.listdir("/proc/self/fd")))
     _store_barrier(store, "attack/counted", world_size)
     if rank == attacker:
         stop.set()
         thread.join(30)
     _store_barrier(store, "attack/over", world_size)
-    return {"right": right, "before": before, "peak": peak, "listeners": len(_listening_addresses())}
+    return {"right": right, "before": before, "peak": peak, "listeners": len(_listening_addresses()),
+            "seconds": seconds}
 
 
 def destroy_while_a_recv_waits_for_an_address(rank, world_size):

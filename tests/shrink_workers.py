@@ -157,3 +157,24 @@ def shrink_with_a_late_survivor(rank, world_size, timeout_s):
         time.sleep(2.5)  # rank 1 is still on its way to its first try; meet it in the second
     dist.shrink_group([2])
     return {"first": first, "rank": dist.get_rank(), "size": dist.get_world_size(), **_check_group([0, 1])}
+
+
+def shrink_while_an_excluded_live_rank_disagrees(rank, world_size):
+    """4 ranks: rank 3 dies; ranks 0 and 1 exclude [2, 3] (rank 2 is slow, say), while rank 2,
+    alive, excludes [3] only and calls first (then rank 0, then rank 1). Rank 2 raises: the others
+    declared it failed. The survivors' shrink must go through all the same: an excluded rank
+    decides nothing for them."""
+    dist.all_reduce(torch.ones(4))
+    dist.barrier()
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(torch.ones(10))
+    except Exception:  # noqa: BLE001
+        pass
+    time.sleep({2: 0.0, 0: 0.3, 1: 0.8}[rank])
+    try:
+        dist.shrink_group([3] if rank == 2 else [2, 3])
+    except Exception as error:  # noqa: BLE001
+        return {"raised": type(error).__name__, "message": str(error)}
+    return {"raised": None, "rank": dist.get_rank(), "size": dist.get_world_size(), **_check_group([0, 1])}

@@ -91,6 +91,21 @@ def test_a_survivor_that_comes_after_the_others_gave_up_raises_at_once_and_both_
     assert results[1]["first"]["seconds"] < 2.0, results[1]["first"]  # at once, not at its own timeout
 
 
+def test_a_live_rank_the_survivors_exclude_cannot_cancel_their_shrink():
+    """The decision of a shrink is keyed by its list: rank 2, alive but excluded by ranks 0 and 1,
+    shrinks with a list of its own first and raises (they declared it failed); ranks 0 and 1 still
+    get their 2-rank group."""
+    results = run_ranks(shrink_workers.shrink_while_an_excluded_live_rank_disagrees, 4, pg_timeout_s=20,
+                        timeout_s=150, may_exit={3})
+    outcome = results[2]
+    assert outcome["raised"] == "DistBackendError", outcome
+    assert "rank 2 among them" in outcome["message"] and "excludes [2, 3]" in outcome["message"], outcome
+    for rank in (0, 1):
+        outcome = results[rank]
+        assert outcome["raised"] is None, (rank, outcome)
+        _check_round({**outcome, "failed": [2, 3], "expected": [2, 3]}, [0, 1])
+
+
 def test_failed_ranks_is_empty_when_all_live_and_names_a_late_caller_everywhere():
     results = run_ranks(shrink_workers.failed_ranks_when_all_live_and_with_a_late_caller, 3, pg_timeout_s=30,
                         timeout_s=120)

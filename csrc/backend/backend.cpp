@@ -854,10 +854,13 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::barrier(const c10d::BarrierOption
   // object serves both device types. So, without opts.device (always, through
   // torch.distributed.barrier), device_ids mean CUDA only where CUDA can run: on a machine
   // without a GPU, barrier(device_ids=[i]) (Accelerate's wait_for_everyone() on CPU) is the CPU
-  // barrier, as on gloo, instead of a CUDA error.
+  // barrier, as on gloo, instead of a CUDA error. On a host with a GPU, device_ids still name
+  // CUDA devices (torch's documented meaning), even for a job whose tensors are all on the CPU.
+  // at::hasCUDA() (it initialises the driver) only when there is a CUDA path and ids to weigh.
   return collective("barrier", [&](const OpContext& ctx) -> c10::intrusive_ptr<c10d::Work> {
-    const bool forCuda = opts.device ? opts.device->is_cuda() : !opts.device_ids.empty() && at::hasCUDA();
-    if (cuda_ && forCuda) {
+    const bool forCuda =
+        cuda_ && (opts.device ? opts.device->is_cuda() : !opts.device_ids.empty() && at::hasCUDA());
+    if (forCuda) {
       const auto index = opts.device_ids.empty() ? opts.device->index() : opts.device_ids.front();
       return cuda_->barrier(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)), opts);
     }
@@ -1369,15 +1372,19 @@ std::vector<int> DdpliteBackend::agreeOnExclusion(const OpContext& ctx, uint64_t
   } catch (const std::exception& error) {
     storeFailed(error);
   }
-  // One decision per shrink, the first one written (compareSet), which every survivor follows:
-  // "agreed <list>" once one has read every survivor's list, equal to its own; "abandoned by rank r:
-  // <why>" once one gave up (a survivor missing at the group's timeout or dead, another list). So
-  // the survivors either all build the new group or all raise, and all count this shrink, so that
-  // their next try has the same number: a survivor arriving after the others gave up raises at
-  // once, naming their decision, instead of building a group nobody else joins.
+  // One decision per shrink and list of excluded ranks, the first one written (compareSet), which
+  // every survivor with that list follows: "agreed <list>" once one has read every survivor's
+  // list, equal to its own; "abandoned by rank r: <why>" once one gave up (a survivor missing at
+  // the group's timeout or dead, another list). So those survivors either all build the new group
+  // or all raise, and all count this shrink, so that their next try has the same number: one
+  // arriving after the others gave up raises at once, naming their decision, instead of building
+  // a group nobody else joins. Keyed by the list: a rank the survivors excluded (alive, late, with
+  // a list of its own) decides nothing for them, and raises on the lists that differ.
+  const std::string decisionKey = strCat("decision/", mine);
+  const std::string agreed = strCat("agreed ", mine);
   const auto decide = [&](const std::string& proposal) {
     try {
-      return round.compareSet("decision", "", proposal);
+      return round.compareSet(decisionKey, "", proposal);
     } catch (const std::exception& error) {
       storeFailed(error);
     }
@@ -1390,13 +1397,14 @@ std::vector<int> DdpliteBackend::agreeOnExclusion(const OpContext& ctx, uint64_t
   };
   const auto abandon = [&](const std::string& why) {
     const std::string decided = decide(strCat("abandoned by rank ", rank_, ": ", why));
-    if (decided.rfind("abandoned", 0) == 0) throwAbandoned(decided);
-    // Another survivor read every list and they agreed before this rank gave up: follow it.
+    if (decided != agreed) throwAbandoned(decided);
+    // Another survivor with this list read every list and they agreed before this rank gave up:
+    // follow it.
   };
   const auto decisionSoFar = [&]() -> std::optional<std::string> {
-    if (!round.has("decision").value_or(false)) return std::nullopt;
+    if (!round.has(decisionKey).value_or(false)) return std::nullopt;
     try {
-      return round.get("decision", strCat("the decision of shrink #", epoch));
+      return round.get(decisionKey, strCat("the decision of shrink #", epoch));
     } catch (const std::exception& error) {
       storeFailed(error);
     }
@@ -1416,9 +1424,7 @@ std::vector<int> DdpliteBackend::agreeOnExclusion(const OpContext& ctx, uint64_t
     while (!round.has(std::to_string(r)).value_or(false)) {
       if (Clock::now() >= nextDecisionLook) {
         nextDecisionLook = Clock::now() + kDecisionLookEvery;
-        if (auto decision = decisionSoFar(); decision && decision->rfind("abandoned", 0) == 0) {
-          throwAbandoned(*decision);
-        }
+        if (auto decision = decisionSoFar(); decision && *decision != agreed) throwAbandoned(*decision);
       }
       const char* why = nullptr;
       if (peerProcessEnded(r)) why = "its process has ended";
@@ -1457,8 +1463,8 @@ std::vector<int> DdpliteBackend::agreeOnExclusion(const OpContext& ctx, uint64_t
     }
   }
   if (!agreedElsewhere) {
-    const std::string decided = decide(strCat("agreed ", mine));
-    if (decided.rfind("abandoned", 0) == 0) throwAbandoned(decided);
+    const std::string decided = decide(agreed);
+    if (decided != agreed) throwAbandoned(decided);
   }
   for (int r : survivors) {
     if (r == rank_) continue;

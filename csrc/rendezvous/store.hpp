@@ -32,7 +32,9 @@ class StoreRendezvous {
   std::string get(const std::string& key, const std::string& waitingFor);
   // get() bounded by `deadline` and `stop` instead of the store's timeout: looks (Store::check)
   // every 1 ms at first, backing off to every 50 ms, until the key exists; nothing once the
-  // deadline passed or *stop is set. A store that cannot be reached throws as get() does.
+  // deadline passed or *stop is set. A store that cannot be reached throws as get() does. The
+  // bound holds between looks: one look at a store host that stopped answering lasts up to the
+  // store's own timeout.
   std::optional<std::string> getBefore(const std::string& key, const std::string& waitingFor,
                                        std::chrono::steady_clock::time_point deadline,
                                        const std::atomic<bool>* stop);

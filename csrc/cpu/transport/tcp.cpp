@@ -21,8 +21,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <optional>
+#include <random>
 #include <thread>
+#include <utility>
 
 namespace ddplite {
 
@@ -537,10 +540,12 @@ void TcpTransport::acceptHigherRanks(const MeshSetup& setup, int listener, TcpTr
   }
 }
 
-// accept()s every connection the kernel holds; with authentication, sends each its challenge.
+// accept()s the connections the kernel holds, at most kAcceptsPerPass: then the caller polls
+// again, so the handshakes under way advance (and a stop is seen) however fast connections come.
+// With authentication, sends each its challenge.
 void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener, size_t stillExpected,
                                             std::vector<PendingHandshake>& pending) {
-  while (true) {
+  for (int pass = 0; pass < kAcceptsPerPass; ++pass) {
     sockaddr_storage from = {};
     socklen_t length = sizeof(from);
     UniqueFd fd(fork_guard::adoptNew(setup.fdOwner,
@@ -572,22 +577,17 @@ void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener
       }
       return;
     }
-    std::string peerAddress = net::describeEndpoint(reinterpret_cast<sockaddr*>(&from));
     // Room for every peer still to come (set-up: in a large group all higher ranks connect at
-    // once, and none may be pushed out by the others), plus kMaxPendingHandshakes strangers. Past
-    // that, the oldest gives way only once it has had kEvictableAfter, a hundred times a live
-    // rank's handshake; else the newcomer is closed (a rank's connector retries). So strangers
-    // that reconnect as soon as they are dropped cannot push a rank's handshake out in a chain of
-    // evictions, and no more than the cap are held at once.
+    // once), plus kMaxPendingHandshakes strangers; past that, the newcomer is taken and a pending
+    // connection drawn at random gives way (pendingToDrop). No more than the cap are held.
     if (pending.size() >= stillExpected + kMaxPendingHandshakes) {
-      if (Clock::now() - pending.front().accepted < kEvictableAfter) {
-        warnCapFull(setup, peerAddress, "closed at once");
-        continue;
-      }
-      warnCapFull(setup, pending.front().from, "dropped to make room");
-      pending.erase(pending.begin());
+      const size_t dropped = pendingToDrop(pending);
+      warnDropped(setup, pending[dropped].from,
+                  strCat("more than ", kMaxPendingHandshakes, " connections were waiting to complete a handshake, and "
+                         "it was drawn to make room for a newcomer"));
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(dropped));
     }
-    PendingHandshake connection{std::move(fd), std::move(peerAddress),
+    PendingHandshake connection{std::move(fd), net::describeEndpoint(reinterpret_cast<sockaddr*>(&from)),
                                 std::min<Deadline>(setup.deadline, Clock::now() + kHandshakeLimit)};
     if (setup.authenticates()) {
       connection.challenge = auth::newNonce();
@@ -602,15 +602,23 @@ void TcpTransport::acceptWaitingConnections(const MeshSetup& setup, int listener
   }
 }
 
-void TcpTransport::warnCapFull(const MeshSetup& setup, const std::string& from, const char* what) {
-  // At most one warning per process every 10 s: strangers that keep reconnecting would flood the log.
-  static std::atomic<int64_t> lastWarning{0};
-  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()).count();
-  int64_t last = lastWarning.load(std::memory_order_relaxed);
-  if (now - last < 10 || !lastWarning.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;
-  warnDropped(setup, from,
-              strCat("more than ", kMaxPendingHandshakes, " connections were waiting to complete a handshake, so it was ",
-                     what, " (warned at most every 10 s)"));
+size_t TcpTransport::pendingToDrop(const std::vector<PendingHandshake>& pending) {
+  // Drawn at random, among those that have sent nothing yet if there are any. Not the oldest:
+  // strangers that reconnect as soon as they are dropped would then push any newcomer, a rank's
+  // connection too, to the front in a chain of 64 evictions within a round trip. Not "refuse the
+  // newcomer": strangers that keep the slots full would then lock the ranks out. At random, a
+  // rank's connection outlives each eviction with odds of at least 63 in 64 until its hello is
+  // read (a round trip; then it is preferred to the silent ones), and a rank whose connection
+  // was dropped connects again. The acceptor's thread (or set-up's) only.
+  thread_local std::minstd_rand draw(std::random_device{}());
+  const size_t silent = static_cast<size_t>(
+      std::count_if(pending.begin(), pending.end(), [](const PendingHandshake& c) { return c.received == 0; }));
+  size_t pick = std::uniform_int_distribution<size_t>(0, (silent > 0 ? silent : pending.size()) - 1)(draw);
+  for (size_t i = 0; i < pending.size(); ++i) {
+    if (silent > 0 && pending[i].received != 0) continue;
+    if (pick-- == 0) return i;
+  }
+  return 0;  // not reached: pick < the count walked
 }
 
 // Reads what has arrived of the connection's Hello. Nothing while the handshake is still under
@@ -664,8 +672,35 @@ std::optional<std::string> TcpTransport::advanceHandshake(const MeshSetup& setup
 }
 
 void TcpTransport::warnDropped(const MeshSetup& setup, const std::string& from, const std::string& why) {
+  // Strangers that reconnect as soon as they are dropped would flood the log: at most
+  // kWarningsPerWindow such warnings per process every kWindow, the next one saying how many were
+  // left out. Any thread (every acceptor of the process shares the budget).
+  constexpr int kWarningsPerWindow = 32;
+  constexpr auto kWindow = std::chrono::seconds(10);
+  static std::mutex mutex;
+  static Clock::time_point windowStart{};
+  static int warned = 0;
+  static uint64_t leftOut = 0;
+  uint64_t leftOutBefore = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto now = Clock::now();
+    if (now - windowStart >= kWindow) {
+      windowStart = now;
+      warned = 0;
+    }
+    if (warned >= kWarningsPerWindow) {
+      ++leftOut;
+      return;
+    }
+    ++warned;
+    leftOutBefore = std::exchange(leftOut, 0);
+  }
   DDPLITE_LOG(kWarn, "rank ", setup.rank, " dropped a connection from ", from, " to its ddplite port ",
-              setup.myAddress, ": ", why, ". It is not a rank of this group; the group goes on without it");
+              setup.myAddress, ": ", why, ". It is not a rank of this group; the group goes on without it",
+              leftOutBefore > 0 ? strCat(" (", leftOutBefore, " more such warnings were left out before this one: "
+                                         "at most ", kWarningsPerWindow, " every 10 s)")
+                                : std::string());
 }
 
 void TcpTransport::throwMissingHigherRanks(const MeshSetup& setup, const TcpTransport& transport,

@@ -114,10 +114,10 @@ class TcpTransport final : public Transport {
                                        std::vector<PendingHandshake>& pending);
   static std::optional<std::string> advanceHandshake(const MeshSetup& setup, PendingHandshake& connection,
                                                      TcpTransport& transport);
+  // A stranger's connection dropped, and why (at most 32 warnings per process every 10 s).
   static void warnDropped(const MeshSetup& setup, const std::string& from, const std::string& why);
-  // warnDropped for a connection dropped because the pending handshakes are at their cap (`what`
-  // was done with it), at most every 10 s.
-  static void warnCapFull(const MeshSetup& setup, const std::string& from, const char* what);
+  // At the cap of pending handshakes: the index of the one to drop for a newcomer.
+  static size_t pendingToDrop(const std::vector<PendingHandshake>& pending);
   // `report`: "; first failure reported: ..." or ""; `timedOut`: at the deadline, else on a failure recorded by a peer.
   [[noreturn]] static void throwMissingHigherRanks(const MeshSetup& setup, const TcpTransport& transport,
                                                    const std::string& report, bool timedOut);

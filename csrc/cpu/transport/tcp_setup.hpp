@@ -35,11 +35,11 @@ constexpr uint32_t kOnDemandAuthHelloMagic = 0xdd911e06;  // with a MAC
 constexpr uint32_t kRejectMagic = 0xdd911e07;
 // How long an accepted connection may take to complete its handshake, and how many may be
 // pending at once beyond the peers still expected (none on demand): a stranger holds up nothing
-// but its slot. Past the cap, the oldest is dropped if it has been pending kEvictableAfter, else
-// the newcomer is (acceptWaitingConnections).
+// but its slot. Past the cap, one drawn at random is dropped (TcpTransport::pendingToDrop). At
+// most kAcceptsPerPass are accepted before the handshakes under way advance again.
 constexpr auto kHandshakeLimit = std::chrono::seconds(10);
 constexpr size_t kMaxPendingHandshakes = 64;
-constexpr auto kEvictableAfter = std::chrono::seconds(1);
+constexpr int kAcceptsPerPass = 16;
 
 struct Challenge {
   uint32_t magic;
@@ -164,7 +164,6 @@ struct TcpTransport::PendingHandshake {
   tcp_detail::UniqueFd fd;
   std::string from;  // the connecting end's address, for warnings
   Deadline until;    // dropped when its Hello is not complete by then
-  Clock::time_point accepted = Clock::now();
   auth::Nonce challenge{};
   tcp_detail::Hello hello{};
   size_t received = 0;  // bytes of `hello` read so far
