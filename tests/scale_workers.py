@@ -42,21 +42,7 @@ def group_rounds(rank, world_size, rounds):
 
 def _sockets():
     """Established TCP connections this process holds (its descriptors matched with /proc/net/tcp*)."""
-    established = set()
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        with open(table) as rows:
-            for row in list(rows)[1:]:
-                fields = row.split()
-                if fields[3] == "01":  # TCP_ESTABLISHED
-                    established.add(fields[9])
-    count = 0
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue  # the listing's own descriptor, closed since
-        count += target.startswith("socket:[") and target[len("socket:["):-1] in established
-    return count
+    return sum(state == "01" for state, _ in _own_sockets().values())  # 01: TCP_ESTABLISHED
 
 
 def connections_on_demand(rank, world_size):
@@ -255,17 +241,21 @@ def _tcp_table():
     return table
 
 
-def _own_sockets():
-    """{inode: (state, local port)} of the TCP sockets this process holds."""
-    table, own = _tcp_table(), {}
+def _socket_inodes():
+    """The inode of each socket this process holds, as /proc/net/tcp* names it."""
     for name in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
-            continue
-        if target.startswith("socket:[") and target[len("socket:["):-1] in table:
-            own[target[len("socket:["):-1]] = table[target[len("socket:["):-1]]
-    return own
+            continue  # the listing's own descriptor, closed since
+        if target.startswith("socket:["):
+            yield target[len("socket:["):-1]
+
+
+def _own_sockets():
+    """{inode: (state, local port)} of the TCP sockets this process holds."""
+    table = _tcp_table()
+    return {inode: table[inode] for inode in _socket_inodes() if inode in table}
 
 
 def _store_barrier(store, key, world_size):
@@ -308,7 +298,7 @@ def simultaneous_connects(rank, world_size, rounds, collective):
 
 def _listening_addresses():
     """("127.0.0.1", port) of each IPv4 TCP listener this process holds."""
-    table, addresses = {}, []
+    table = {}
     with open("/proc/self/net/tcp") as rows:
         for row in list(rows)[1:]:
             fields = row.split()
@@ -316,14 +306,7 @@ def _listening_addresses():
                 ip_hex, port_hex = fields[1].split(":")
                 ip = ".".join(str(b) for b in reversed(bytes.fromhex(ip_hex)))
                 table[fields[9]] = ("127.0.0.1" if ip == "0.0.0.0" else ip, int(port_hex, 16))
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith("socket:[") and target[len("socket:["):-1] in table:
-            addresses.append(table[target[len("socket:["):-1]])
-    return addresses
+    return [table[inode] for inode in _socket_inodes() if inode in table]
 
 
 def _keep_silent_connections(addresses, per_listener, opened, stop, churn):

@@ -16,6 +16,18 @@ def _fail(rank, victim, how):
         os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
 
 
+def _victim_dies_and_is_seen(rank, victim):
+    """After a working round, `victim` SIGKILLs itself; the others meet its death in an all_reduce."""
+    dist.all_reduce(torch.ones(4))
+    dist.barrier()
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(torch.ones(10))
+    except Exception:  # noqa: BLE001 - the death is what the callers go on from
+        pass
+
+
 def _check_group(old_ranks):
     """A collective round on the (new) default group; returns what every rank can check in closed form."""
     tensor = torch.full((1001,), float(old_ranks[dist.get_rank()] + 1))
@@ -62,14 +74,7 @@ def shrink_after_failures(rank, world_size, victims, how, flags):
 
 def shrink_with_disagreeing_lists(rank, world_size):
     """Rank 3 dies; ranks 0 and 1 exclude [3], rank 2 excludes [1, 3]. Every survivor must raise."""
-    dist.all_reduce(torch.ones(4))
-    dist.barrier()
-    if rank == 3:
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        dist.all_reduce(torch.ones(10))
-    except Exception:  # noqa: BLE001
-        pass
+    _victim_dies_and_is_seen(rank, 3)
     started = time.monotonic()
     try:
         dist.shrink_group([1, 3] if rank == 2 else [3])
@@ -137,14 +142,7 @@ def shrink_with_a_late_survivor(rank, world_size, timeout_s):
     0 gives up on rank 1 at the timeout, so shrink #1 is abandoned; rank 1 must raise at once,
     naming that decision, not build a group nobody joins. Both then shrink again (#2, the same
     number on both) and the new group must work."""
-    dist.all_reduce(torch.ones(4))
-    dist.barrier()
-    if rank == 2:
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        dist.all_reduce(torch.ones(10))
-    except Exception:  # noqa: BLE001
-        pass
+    _victim_dies_and_is_seen(rank, 2)
     if rank == 1:
         time.sleep(timeout_s + 2)
     started = time.monotonic()
@@ -164,14 +162,7 @@ def shrink_while_an_excluded_live_rank_disagrees(rank, world_size):
     alive, excludes [3] only and calls first (then rank 0, then rank 1). Rank 2 raises: the others
     declared it failed. The survivors' shrink must go through all the same: an excluded rank
     decides nothing for them."""
-    dist.all_reduce(torch.ones(4))
-    dist.barrier()
-    if rank == 3:
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        dist.all_reduce(torch.ones(10))
-    except Exception:  # noqa: BLE001
-        pass
+    _victim_dies_and_is_seen(rank, 3)
     time.sleep({2: 0.0, 0: 0.3, 1: 0.8}[rank])
     try:
         dist.shrink_group([3] if rank == 2 else [2, 3])
