@@ -72,10 +72,23 @@ def register_backend():
     if not dist.is_available():
         return False
     _register_rendezvous_handlers()
+    _record_flight_once()
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return True
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
     return True
+
+
+def _record_flight_once():
+    """ddplite records its own ops in its flight recorder (docs/reliability.md). torch 2.15 attaches
+    its FlightRecorderHook to every group whose backends are not all in
+    ``_FR_SELF_RECORDING_BACKENDS``, which would record each ddplite op a second time; ddplite is
+    added to that set (torch's own habit for gloo). Older torches have neither."""
+    from torch.distributed import distributed_c10d
+
+    self_recording = getattr(distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if isinstance(self_recording, set):
+        self_recording.add(BACKEND_NAME)
 
 
 def register():

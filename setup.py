@@ -2,7 +2,9 @@
 
 Install with ``pip install --no-build-isolation -e .`` (an isolated build would compile against a
 different torch than the one that imports the extension, and the C++ ABI is not stable across
-torch versions). ``scripts/setup.sh`` does this idempotently.
+torch versions). ``scripts/setup.sh`` does this idempotently. A wheel:
+``python -m build --wheel --no-isolation`` makes ``dist/torch_ddp_lite-0.1.0+torch2.15-...whl``,
+named for the torch it was built against and requiring that release (docs/compatibility.md).
 
 NCCL (CUDA tensors, docs/gpu.md) is compiled in only when all three are found: a CUDA build of
 torch, ``nccl.h`` and ``libnccl.so.2``. Otherwise the extension is CPU-only and says so in
@@ -11,6 +13,7 @@ host APIs of NCCL and the CUDA runtime only, so g++ compiles it and nvcc is not 
 """
 import glob
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -23,6 +26,17 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, include_path
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(ROOT, "csrc")
+
+
+def package_version():
+    """torch_ddp_lite.__version__ with the torch release built against as local label: 0.1.0+torch2.15."""
+    with open(os.path.join(ROOT, "torch_ddp_lite", "__init__.py")) as f:
+        base = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+    major, minor = torch.__version__.split(".")[:2]
+    return f"{base}+torch{major}.{minor}", f"torch=={major}.{minor}.*"
+
+
+VERSION, TORCH_REQUIREMENT = package_version()
 
 
 def nccl_wheel_folder():
@@ -164,6 +178,8 @@ class PersistentBuildExt(BuildExtension.with_options(use_ninja=True)):
 
 
 setup(
+    version=VERSION,
+    install_requires=[TORCH_REQUIREMENT, "numpy"],
     ext_modules=[extension],
     cmdclass={"build_ext": PersistentBuildExt},
 )

@@ -1,5 +1,6 @@
 // Python bindings (pybind only; no logic here).
 #include "backend/backend.hpp"
+#include "common/compat.hpp"
 #include "common/env.hpp"
 #include "common/numa.hpp"
 #include "common/process_identity.hpp"
@@ -60,6 +61,16 @@ py::dict ncclBuildInfo() {
 #else
   return py::dict(py::arg("compiled_in") = false, py::arg("version") = py::none());
 #endif
+}
+
+// build_info()["torch_features"]: what common/compat.hpp found in the torch headers built against.
+py::dict torchFeatures() {
+  return py::dict(py::arg("split") = static_cast<bool>(DDPLITE_TORCH_HAS_SPLIT),
+                  py::arg("shrink") = static_cast<bool>(DDPLITE_TORCH_HAS_SHRINK),
+                  py::arg("group_desc") = static_cast<bool>(DDPLITE_TORCH_HAS_GROUP_DESC),
+                  py::arg("split_keeps_order") = static_cast<bool>(DDPLITE_TORCH_SPLIT_KEEPS_ORDER),
+                  py::arg("options_clone") = static_cast<bool>(DDPLITE_TORCH_HAS_OPTIONS_CLONE),
+                  py::arg("torch_flight_recorder_hook") = static_cast<bool>(DDPLITE_TORCH_HAS_FLIGHT_RECORDER_HOOK));
 }
 
 namespace rules = ddplite::nccl::rules;
@@ -176,7 +187,18 @@ PYBIND11_MODULE(_C, m) {
       .def("__copy__", [](const ddplite::DdpliteOptions& self) { return c10::make_intrusive<ddplite::DdpliteOptions>(self); })
       .def("__deepcopy__", [](const ddplite::DdpliteOptions& self, const py::dict&) {
         return c10::make_intrusive<ddplite::DdpliteOptions>(self);
-      });
+      })
+      // What torch's ProcessGroup::splitGroup gets from Options::clone() (torch 2.14+): through
+      // torch's virtual, so a DdpliteOptions that did not override it comes back as torch's type.
+      .def("_clone_as_torch_does",
+           [](const c10::intrusive_ptr<ddplite::DdpliteOptions>& self) -> c10::intrusive_ptr<c10d::Backend::Options> {
+#if DDPLITE_TORCH_HAS_OPTIONS_CLONE
+             const c10::intrusive_ptr<c10d::Backend::Options> base = self;
+             return base->clone();
+#else
+             return self->clone();  // no Options::clone in torch before 2.14: ddplite's own
+#endif
+           });
   // The ddplite group as Python sees it (pg._get_backend(device)): torch's Backend plus `options`,
   // which dist.split_group reads from the parent group (as it does from gloo's and NCCL's).
   py::class_<ddplite::DdpliteBackend, c10d::Backend, c10::intrusive_ptr<ddplite::DdpliteBackend>>(
@@ -225,11 +247,12 @@ PYBIND11_MODULE(_C, m) {
                         py::arg("mpi") = ddplite::mpi::compiledIn(),
                         py::arg("mpi_library") = ddplite::mpi::libraryVersion(),
                         py::arg("mpi_standard") = ddplite::mpi::standardVersion(), py::arg("nccl") = ncclBuildInfo(),
-                        py::arg("cpu_transports") = cpuTransports());
+                        py::arg("cpu_transports") = cpuTransports(), py::arg("torch_features") = torchFeatures());
       },
       "The compiler, the flags setup.py added, the C++ standard, whether MPI was compiled in (with its "
-      "library and standard versions), the NCCL the extension was built with, and the CPU data paths "
-      "DDPLITE_CPU_TRANSPORT can name in this build.");
+      "library and standard versions), the NCCL the extension was built with, the CPU data paths "
+      "DDPLITE_CPU_TRANSPORT can name in this build, and the torch features compiled in "
+      "(common/compat.hpp; the same names as torch_ddp_lite/torch_versions.py's FEATURES).");
 
   // MPI (rendezvous/mpi.hpp). Without MPI compiled in these raise RuntimeError with a rebuild hint.
   m.def("mpi_init_world", &ddplite::mpi::initWorld, py::call_guard<py::gil_scoped_release>(),
@@ -361,11 +384,11 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "backend_options",
-      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+      [](const c10::intrusive_ptr<ddplite::DdpliteBackend>& backend) {
         auto options = backend->getBackendOptions();
         return py::make_tuple(options->backend, options->timeout);
       },
-      py::arg("backend"), "(name, timeout) from Backend::getBackendOptions() (torch does not bind it).");
+      py::arg("backend"), "(name, timeout) of a ddplite group, from its getBackendOptions() (torch does not bind it).");
 
   // Algorithm pins. std::invalid_argument from the parser surfaces as ValueError.
   m.def(

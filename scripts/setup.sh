@@ -1,27 +1,59 @@
 #!/usr/bin/env bash
 # Installs what torch-ddp-lite needs and builds the extension, idempotently: a second run only
 # checks (a few seconds). Sourced by scripts/train.sh and scripts/test.sh.
-#   TORCH_VERSION   torch to install when none is present (default: the tested pin, 2.11.0)
+#   TORCH_VERSION   the torch to install, replacing the one installed (default: keep an installed
+#                   torch that torch-ddp-lite supports; install the newest tested one where there
+#                   is none). Supported and tested: torch_ddp_lite/torch_versions.py.
 #   PYTHON          interpreter to use (default: python3)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
-TORCH_VERSION="${TORCH_VERSION:-2.11.0}"
 cd "$REPO"
 # A stale editable install (a moved or deleted checkout) leaves an entry point whose module is
 # gone, and torch then fails at import. Nothing here needs the autoload, so switch it off.
 export TORCH_DEVICE_BACKEND_AUTOLOAD=0
 
 say() { echo "[setup] $*"; }
+versions() { "$PYTHON" "$REPO/torch_ddp_lite/torch_versions.py" "$@"; }
 
-# 1. Python packages: install only what is missing. torch keeps whatever 2.x is installed if it
-#    matches the pin; the CUDA build from PyPI is fine (the CPU path needs no GPU).
-missing=$("$PYTHON" - "$TORCH_VERSION" <<'PY'
+# 1. torch: never replaced unless TORCH_VERSION asks for it. The CUDA build from PyPI is fine
+#    (the CPU path needs no GPU).
+installed_torch=$("$PYTHON" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null || true)
+if [ -n "${TORCH_VERSION:-}" ]; then
+  if ! versions supported "$TORCH_VERSION"; then
+    say "TORCH_VERSION=$TORCH_VERSION: torch-ddp-lite builds and is tested with torch $(versions range) ($(versions all))"
+    exit 1
+  fi
+  want_torch="$TORCH_VERSION"
+elif [ -n "$installed_torch" ]; then
+  if ! versions supported "$installed_torch"; then
+    say "torch $installed_torch is installed, but torch-ddp-lite builds and is tested with torch $(versions range) only."
+    say "Either install a supported torch into this environment (this replaces torch $installed_torch):"
+    say "    TORCH_VERSION=$(versions newest) bash scripts/setup.sh"
+    say "or keep it and use a virtual environment of its own:"
+    say "    python3 -m venv ~/venv-ddplite && PYTHON=~/venv-ddplite/bin/python bash scripts/setup.sh"
+    exit 1
+  fi
+  want_torch="${installed_torch%%+*}"
+else
+  want_torch="$(versions newest)"
+fi
+if [ "${installed_torch%%+*}" != "$want_torch" ]; then
+  say "installing torch==$want_torch${installed_torch:+ (replacing torch $installed_torch, as TORCH_VERSION asks)}"
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check "torch==$want_torch"
+else
+  say "torch $installed_torch present (kept)"
+fi
+# Every later install is constrained to this torch, so that no package's requirement replaces it.
+constraints="$(mktemp)"  # removed below: this file is sourced, so no EXIT trap of its own
+echo "torch==$("$PYTHON" -c "import importlib.metadata as m; print(m.version('torch'))")" > "$constraints"
+
+# 1a. The other Python packages: install only what is missing.
+missing=$("$PYTHON" - "$want_torch" "$(versions torchvision "$want_torch" || true)" <<'PY'
 import importlib.metadata as md, sys
-# torchvision must match torch (0.26 <-> 2.11); the others are for the example, plots and tests.
-torchvision = {"2.11.0": "0.26.0"}.get(sys.argv[1])
-want = {"torch": sys.argv[1], "torchvision": torchvision, "numpy": None, "pytest": None,
-        "ninja": None, "wheel": None, "tqdm": None, "matplotlib": None, "hypothesis": None,
+# torchvision must match torch (torch_versions.py); the others are for the example, plots and tests.
+want = {"torchvision": sys.argv[2] or None, "numpy": None, "pytest": None,
+        "ninja": None, "wheel": None, "build": None, "tqdm": None, "matplotlib": None, "hypothesis": None,
         "expecttest": None,  # expecttest: torch's own distributed test suite imports it (tests/torch_suite_runner.py)
         "torchft": "0.2.0",  # torchft (pinned: its process-group API moves): the optional extra torch_ddp_lite.torchft serves (tests/test_torchft.py)
         "parameterized": None}  # torchft's own test modules import it (tests/torchft_suite_runner.py runs them on ddplite)
@@ -44,10 +76,12 @@ PY
 )
 if [ -n "$missing" ]; then
   say "installing: $missing"
-  "$PYTHON" -m pip install --quiet --disable-pip-version-check $missing
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check -c "$constraints" $missing \
+    || { rm -f "$constraints"; exit 1; }
 else
   say "python packages present"
 fi
+rm -f "$constraints"
 
 # 1b. iproute2: tests/test_multihost.py builds its "hosts" with `ip netns` (and skips without it).
 if ! command -v ip >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

@@ -210,47 +210,61 @@ def coalesced_failure(rank, world_size):
     return out
 
 
+def _made_split(rank, group):
+    """What a rank sees of one new group: None/NON_GROUP_MEMBER as torch returns it to a rank left
+    out, else its numbering and three collectives on it."""
+    if group is None or group is dist.GroupMember.NON_GROUP_MEMBER:
+        return repr(group)
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total, group=group)
+    value = torch.tensor([rank * 10])
+    dist.broadcast(value, src=dist.get_global_rank(group, 0), group=group)
+    gathered = [torch.zeros(1, dtype=torch.long) for _ in range(group.size())]
+    dist.all_gather(gathered, torch.tensor([rank]), group=group)
+    return {"rank": group.rank(), "size": group.size(), "ranks": dist.get_process_group_ranks(group),
+            "sum": total.item(), "broadcast": value.item(), "gathered": [t.item() for t in gathered]}
+
+
+def _split_each(rank, splits_list):
+    """dist.split_group of each split in turn; stops at the first one torch (or the backend)
+    refuses, with the error's type and message."""
+    made = []
+    for splits in splits_list:
+        try:
+            group = dist.split_group(split_ranks=splits, timeout=timedelta(seconds=60))
+        except Exception as error:  # noqa: BLE001 - the type and message are what the test compares
+            made.append(("raised", type(error).__name__, str(error)))
+            break
+        made.append(_made_split(rank, group))
+    return made
+
+
 def split_group(rank, world_size, backend, splits_list):
-    """dist.split_group. Unbound, torch refuses it for every backend (it needs the default group
-    bound to a device, and init_process_group's device_id must be an accelerator). Then the
-    default group is bound to cpu:0, as device_id binds it to a GPU on a GPU machine, and each
-    split of `splits_list` is made in turn: its members run collectives on it."""
-    out = {"unbound": _outcome(lambda: dist.split_group(split_ranks=splits_list[0]))}
-    if backend == "gloo":
-        return out
+    """dist.split_group as the running torch does it, the same program on gloo and on ddplite:
+    first with the default group unbound, then bound to cpu:0 (as device_id binds it to a GPU on
+    a GPU machine), each split of `splits_list` in turn, its members running collectives on it.
+    torch's own behaviour moves between releases (unbound refused up to 2.14; an accelerator
+    required on 2.12-2.14; ranks sorted up to 2.13 and kept in the caller's order from 2.14; None
+    or NON_GROUP_MEMBER for a rank left out), and ddplite must follow gloo on each."""
     import copy
 
     world = dist.group.WORLD
-    options = world._get_backend(torch.device("cpu")).options
-    out["options_copy"] = type(copy.deepcopy(options)).__name__
+    out = {"unbound": _split_each(rank, splits_list[:1])}
+    if backend == "ddplite":
+        options = world._get_backend(torch.device("cpu")).options
+        out["options_copy"] = type(copy.deepcopy(options)).__name__
     world.bound_device_id = torch.device("cpu", 0)
-    if world_size == 2:
-        # Rank 1's list [1, 2] names a rank the group lacks: rank 1 refuses, rank 0 makes [0]. The
-        # refused split still takes its number on rank 1, so the splits below pair up.
-        out["refused"] = _outcome(lambda: dist.split_group(split_ranks=[[0], [1, 2]]))
-    out["splits"] = []
-    for splits in splits_list:
-        group = dist.split_group(split_ranks=splits, timeout=timedelta(seconds=60))
-        if group is None:
-            out["splits"].append(None)
-            continue
-        total = torch.tensor([float(rank + 1)])
-        dist.all_reduce(total, group=group)
-        root = dist.get_global_rank(group, 0)
-        value = torch.tensor([rank * 10])
-        dist.broadcast(value, src=root, group=group)
-        gathered = [torch.zeros(1, dtype=torch.long) for _ in range(group.size())]
-        dist.all_gather(gathered, torch.tensor([rank]), group=group)
-        out["splits"].append({
-            "backend": dist.get_backend(group), "rank": group.rank(), "size": group.size(),
-            "ranks": dist.get_process_group_ranks(group), "sum": total.item(), "broadcast": value.item(),
-            "gathered": [t.item() for t in gathered], "cpu_and_cuda_same": group._get_backend(torch.device("cpu"))
-            is group._get_backend(torch.device("cuda")) or group._get_backend(torch.device("cpu")).rank()
-            == group._get_backend(torch.device("cuda")).rank()})
-    # On a GPU machine with a bound default group, new_group calls perform_nocolor_split on the
-    # parent's backend on each rank left out (torch refuses a bound cpu device in new_group, so
-    # that path cannot run here): it must exist and leave the group usable.
-    world._get_backend(torch.device("cpu")).perform_nocolor_split(torch.device("cpu", 0))
+    out["bound"] = _split_each(rank, splits_list)
+    if backend == "ddplite":
+        if world_size == 2 and not isinstance(out["bound"][0], tuple):
+            # Rank 1's list [1, 2] names a rank the group lacks: rank 1 refuses, rank 0 makes [0].
+            # The refused split still takes its number on rank 1, so a later split pairs up.
+            out["refused"] = _outcome(lambda: dist.split_group(split_ranks=[[0], [1, 2]]))
+            out["after_refused"] = _split_each(rank, splits_list[:1])
+        # On a GPU machine with a bound default group, new_group calls perform_nocolor_split on the
+        # parent's backend on each rank left out (torch refuses a bound cpu device in new_group, so
+        # that path cannot run here): it must exist and leave the group usable.
+        world._get_backend(torch.device("cpu")).perform_nocolor_split(torch.device("cpu", 0))
     after = torch.tensor([1.0])
     dist.all_reduce(after)  # the default group still works
     out["after"] = after.item()

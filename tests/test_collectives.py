@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import sweeps
+import torch_ddp_lite
 import workers
 from harness import run_ranks
 
@@ -74,7 +75,10 @@ def test_sequence_numbers_and_options():
     for result in results:
         assert result["after"] - result["before"] == 3
         assert result["timeout_s"] == pytest.approx(77)
-        assert result["timeout_after_set_s"] == pytest.approx(5)
+        if torch_ddp_lite.torch_has("split"):  # torch 2.9+: Backend.set_timeout reaches setTimeout
+            assert result["timeout_after_set_s"] == pytest.approx(5)
+        else:
+            assert result["timeout_after_set_s"] is None
         assert result["name"] == result["backend_name"] == result["options_name"] == "ddplite"
 
 

@@ -121,10 +121,14 @@ NOCOLOR = -1
 
 def test_split_args_pair_the_members_of_each_new_group():
     """Members of one new group share a color, distinct from every other group's (their lowest
-    parent rank; the groups are disjoint); the key orders them by parent rank."""
+    parent rank; the groups are disjoint); the key is the member's position in the list as given
+    (torch 2.14+ keeps the caller's order; earlier torches pass the list sorted)."""
     splits = [[0, 2, 5], [1, 3], [4]]
     args = {rank: rules.split_args(group, rank, NOCOLOR) for group in splits for rank in group}
     assert args == {0: (0, 0), 2: (0, 1), 5: (0, 2), 1: (1, 0), 3: (1, 1), 4: (4, 0)}
+    unsorted = [[5, 0, 2], [3, 1], [4]]
+    args = {rank: rules.split_args(group, rank, NOCOLOR) for group in unsorted for rank in group}
+    assert args == {5: (0, 0), 0: (0, 1), 2: (0, 2), 3: (1, 0), 1: (1, 1), 4: (4, 0)}
 
 
 def test_ranks_outside_every_new_group_still_take_part_without_a_color():

@@ -81,6 +81,35 @@ def test_build_is_checked_against_running_torch(monkeypatch):
         torch_ddp_lite._load_extension()
 
 
+def test_options_keep_their_type_and_timeout_when_torch_clones_them():
+    """torch 2.14+ clones the parent's options for each split (Options::clone); a clone sliced to
+    torch's Options would lose the ddplite type. Older torches copy them in Python (deepcopy)."""
+    import copy
+    from datetime import timedelta
+
+    options = torch_ddp_lite.Options(timeout=timedelta(seconds=42))
+    copies = [copy.deepcopy(options), copy.copy(options)]
+    if torch_ddp_lite.torch_has("options_clone"):
+        copies.append(options._clone_as_torch_does())
+    for made in copies:
+        assert type(made).__name__ == "DdpliteOptions" and made is not options
+        assert made._timeout == timedelta(seconds=42) and made.backend == "ddplite"
+
+
+def test_torch_versions_list_is_the_one_setup_and_the_build_read():
+    """The running torch is one of the supported releases, and the feature table agrees with
+    what the extension was compiled with (csrc/common/compat.hpp keys the same releases)."""
+    from torch_ddp_lite import torch_versions as tv
+
+    assert tv.is_supported(torch.__version__), torch.__version__
+    assert tv.release("2.15.0+cu132") == (2, 15, 0) and tv.release("2.9.0rc1") == (2, 9, 0)
+    assert [tv.is_supported(v) for v in ("2.7.1", "2.8.0", "2.15.3", "2.16.0")] == [False, True, True, False]
+    assert tv.torchvision_for("2.15.0") == "0.29.2" and tv.torchvision_for("2.8.0+cu128") == "0.23.0"
+    assert tv.NEWEST == "2.15.0" and tv.OLDEST == "2.8.0"
+    info = torch_ddp_lite.build_info()
+    assert info["torch_features"] == {name: tv.has(name, torch.__version__) for name in tv.FEATURES}, info
+
+
 def test_built_against_installed_torch():
     assert torch_ddp_lite.built_torch_version() == torch.__version__
 

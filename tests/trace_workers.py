@@ -39,6 +39,31 @@ def every_op(rank, world_size):
     return torch_ddp_lite.flight_recorder_trace()
 
 
+def recorded_once(rank, world_size, detach_torch_hook_skip):
+    """Three all_reduces on the default group and one on a new group, then: the entries ddplite's
+    recorder holds, the entries torch's own recorder holds for backend "ddplite" (torch 2.15
+    attaches its FlightRecorderHook to groups whose backends do not record themselves), and how
+    many such hooks are attached. `detach_torch_hook_skip` takes ddplite out of torch's set of
+    self-recording backends before the groups are made (what this package did not do before)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if detach_torch_hook_skip:
+        getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", set()).discard("ddplite")
+    group = dist.new_group(list(range(world_size)))
+    for _ in range(3):
+        dist.all_reduce(torch.ones(2))
+    dist.all_reduce(torch.ones(2), group=group)
+    ours = [e for e in torch_ddp_lite.flight_recorder_trace()["entries"] if e["profiling_name"] == "nccl:all_reduce"]
+    torch_entries = None
+    if hasattr(torch._C._distributed_c10d, "_dump_fr_trace"):
+        import pickle
+
+        dumped = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(backend="ddplite"))
+        torch_entries = len(dumped.get("entries", []))
+    hooks = len(c10d._world.pg_flight_recorder_hooks) if hasattr(c10d._world, "pg_flight_recorder_hooks") else None
+    return {"ours": len(ours), "torch": torch_entries, "hooks": hooks}
+
+
 def many_allreduces(rank, world_size, count):
     for _ in range(count):
         dist.all_reduce(torch.ones(1))

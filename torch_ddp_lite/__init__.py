@@ -14,7 +14,7 @@ import torch
 import torch.distributed  # noqa: F401 - registers c10d types the extension needs
 
 import _ddplite_autoload
-from torch_ddp_lite import _torch_fixes
+from torch_ddp_lite import _torch_fixes, torch_versions
 
 __version__ = "0.1.0"
 BACKEND_NAME = _ddplite_autoload.BACKEND_NAME
@@ -54,6 +54,25 @@ def _load_extension():
     atexit.register(module.stop_all_for_exit)
     _extension = module
     return module
+
+
+def torch_has(feature):
+    """Whether the running torch has ``feature`` (a key of ``torch_versions.FEATURES``: "split",
+    "shrink", "split_keeps_order", ...); torch-ddp-lite serves each from that release on."""
+    return torch_versions.has(feature, torch.__version__)
+
+
+def require_torch(feature, rank=None):
+    """Raises RuntimeError naming the torch release that has ``feature`` when the running one
+    lacks it (what torch-ddp-lite refuses on an older torch)."""
+    if torch_has(feature):
+        return
+    where = "" if rank is None else f"[rank {rank}] "
+    raise RuntimeError(
+        f"{where}ddplite: {torch_versions.FEATURES[feature][1]} needs torch {torch_versions.first_with(feature)} "
+        f"or later; this is torch {torch.__version__}. Upgrade torch (torch-ddp-lite supports "
+        f"{torch_versions.supported_range()}) or do without it (dist.new_group(ranks) makes any group on every torch)"
+    )
 
 
 def register_backend():
@@ -217,6 +236,7 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 
 register_backend()
 _torch_fixes.register_shrunk_groups_as_custom()
+_torch_fixes.refuse_split_before_2_9(require_torch)
 _load_extension()
 
 #: ``pg_options`` for ddplite groups: ``Options(timeout=timedelta(seconds=60))``; copyable, as
@@ -239,6 +259,8 @@ __all__ = [
     "monitored_barrier",
     "nccl_version",
     "register_backend",
+    "require_torch",
+    "torch_has",
     "set_algorithm",
     "set_algorithms",
 ]

@@ -1,4 +1,5 @@
-"""Work-arounds for torch behaviour that breaks ddplite groups, each applied only where needed.
+"""Work-arounds for torch behaviour that breaks ddplite groups, each applied only where needed
+(and each leaving groups of other backends to torch).
 
 torch 2.11's ``shrink_group`` registers the shrunk group's backend under the GLOO backend type
 (CPU) or NCCL (CUDA), whatever the backend is (``distributed_c10d._create_shrunk_process_group``).
@@ -37,3 +38,27 @@ def register_shrunk_groups_as_custom():
 
     create_shrunk_process_group._ddplite_wrapped = True
     c10d._create_shrunk_process_group = create_shrunk_process_group
+
+
+def refuse_split_before_2_9(require_torch):
+    """torch 2.8 has dist.split_group but no Backend.split: it splits NCCL communicators in Python
+    and refuses every other backend with "No backend for the parent process group or its backend
+    does not support splitting". On 2.8 a split of a ddplite group raises instead naming the torch
+    release that has it (torch 2.9); other groups go to torch's split_group untouched. A no-op
+    from torch 2.9 on."""
+    from torch_ddp_lite import torch_versions
+
+    original = c10d.split_group
+    if torch_versions.has("split", torch.__version__) or getattr(original, "_ddplite_wrapped", False):
+        return
+
+    def split_group(parent_pg=None, *args, **kwargs):
+        parent = parent_pg if parent_pg is not None else c10d._get_default_group()
+        if c10d.get_backend(parent) == "ddplite":
+            require_torch("split", rank=c10d.get_rank())
+        return original(parent_pg, *args, **kwargs)
+
+    split_group.__doc__ = original.__doc__
+    split_group._ddplite_wrapped = True
+    c10d.split_group = split_group
+    torch.distributed.split_group = split_group

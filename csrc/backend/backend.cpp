@@ -347,8 +347,7 @@ void DdpliteBackend::release_resources() {
 
 c10::intrusive_ptr<c10d::Backend::Options> DdpliteBackend::getBackendOptions() {
   auto options = c10::make_intrusive<DdpliteOptions>(kName, std::chrono::milliseconds(timeoutMs_.load()));
-  options->group_name = getGroupUid();
-  options->group_desc = getGroupDesc();
+  compat::setGroupIdentity(*options, getGroupUid(), getGroupDesc());
   return options;
 }
 
@@ -1093,15 +1092,18 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::split(const c10::intrusive_ptr
   ++splits_;
   lastSplitStore_ = store;
   lastSplit_.reset();
+  // The new group's rank of each member is its position in `ranks`, as torch numbers it: torch
+  // 2.14+ keeps the caller's order (split_group(split_ranks=[[2, 1, 0]]) makes global rank 2 rank
+  // 0); up to 2.13 it passes the list sorted.
   std::vector<int> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
   const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
   const bool valid = !sorted.empty() && distinct && sorted.front() >= 0 && sorted.back() < size_;
-  const auto me = std::find(sorted.begin(), sorted.end(), rank_);
-  const bool member = valid && me != sorted.end();
+  const auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  const bool member = valid && me != ranks.end();
   // The CUDA path splits its communicators (ncclCommSplit) on every rank of this group, members,
   // others and refusers alike: the split is collective over the parent.
-  std::unique_ptr<CudaSplit> cudaSplit = cuda_ ? cuda_->split(member ? sorted : std::vector<int>{}) : nullptr;
+  std::unique_ptr<CudaSplit> cudaSplit = cuda_ ? cuda_->split(member ? ranks : std::vector<int>{}) : nullptr;
   if (!valid) {
     std::string listed;
     for (int r : ranks) listed += strCat(listed.empty() ? "" : ", ", r);
@@ -1114,13 +1116,13 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::split(const c10::intrusive_ptr
   }
   if (!member) return {};
   std::string prefix = strCat("ddplite-split/", splits_, "/");
-  for (int r : sorted) prefix += strCat(r, "_");
+  for (int r : ranks) prefix += strCat(r, "_");
   auto childStore = c10::make_intrusive<c10d::PrefixStore>(prefix + "/", store_);
-  TraceGroupIdentity trace{opts ? opts->group_name : std::string(), opts ? opts->group_desc : std::string(), {}};
-  for (int r : sorted) trace.globalRanks.push_back(globalRanks_[r]);
+  TraceGroupIdentity trace{opts ? compat::groupName(*opts) : std::string(), opts ? compat::groupDesc(*opts) : std::string(), {}};
+  for (int r : ranks) trace.globalRanks.push_back(globalRanks_[r]);
   const auto timeout = opts ? opts->timeout : std::chrono::milliseconds(timeoutMs_.load());
-  auto child = c10::make_intrusive<DdpliteBackend>(childStore, static_cast<int>(me - sorted.begin()),
-                                                   static_cast<int>(sorted.size()), timeout, std::move(trace));
+  auto child = c10::make_intrusive<DdpliteBackend>(childStore, static_cast<int>(me - ranks.begin()),
+                                                   static_cast<int>(ranks.size()), timeout, std::move(trace));
   registerLive(child);
   if (cudaSplit && child->cuda_) child->cuda_->adopt(std::move(cudaSplit));
   c10::intrusive_ptr<c10d::Backend> made = child;
@@ -1266,7 +1268,7 @@ c10::intrusive_ptr<c10d::Backend> DdpliteBackend::shrink(const std::vector<int64
   if (abortPending) abort();
   const int newRank = static_cast<int>(std::lower_bound(survivors.begin(), survivors.end(), rank_) - survivors.begin());
   auto childStore = c10::make_intrusive<c10d::PrefixStore>(strCat("ddplite-shrink/", epoch, "/"), store_);
-  TraceGroupIdentity trace{opts ? opts->group_name : std::string(), opts ? opts->group_desc : std::string(), {}};
+  TraceGroupIdentity trace{opts ? compat::groupName(*opts) : std::string(), opts ? compat::groupDesc(*opts) : std::string(), {}};
   for (int r : survivors) trace.globalRanks.push_back(globalRanks_[r]);
   const auto timeout = opts ? opts->timeout : std::chrono::milliseconds(timeoutMs_.load());
   DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": shrink #", epoch, " without ", listOf(gone), ": rank ", newRank,

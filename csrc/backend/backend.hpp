@@ -47,6 +47,11 @@ namespace ddplite {
 // (dist.split_group deep-copies the parent's options; torch's own Options type cannot be copied).
 struct DdpliteOptions : c10d::Backend::Options {
   using Options::Options;
+  // torch 2.14+: ProcessGroup::splitGroup clones the parent's options before handing them to the
+  // child; without this the copy is torch's Options, not ddplite's.
+  c10::intrusive_ptr<c10d::Backend::Options> clone() const DDPLITE_OVERRIDE_SINCE_2_14 {
+    return c10::make_intrusive<DdpliteOptions>(*this);
+  }
 };
 
 class DdpliteBackend final : public c10d::Backend {
@@ -67,8 +72,9 @@ class DdpliteBackend final : public c10d::Backend {
   void release_resources() override;
 
   const std::string getBackendName() const override { return kName; }
-  c10::intrusive_ptr<Options> getBackendOptions() override;
-  void setTimeout(std::chrono::milliseconds timeout) override;
+  // Virtual in torch from 2.9; on 2.8 they serve ddplite's own bindings (`options`).
+  c10::intrusive_ptr<Options> getBackendOptions() DDPLITE_OVERRIDE_SINCE_2_9;
+  void setTimeout(std::chrono::milliseconds timeout) DDPLITE_OVERRIDE_SINCE_2_9;
   void setSequenceNumberForGroup() override {}
   // pg._enable_collectives_timing(): every op issued afterwards serves Work._get_duration() (ms;
   // CPU: from when the op starts running to its completion; CUDA: between events around the
@@ -127,7 +133,8 @@ class DdpliteBackend final : public c10d::Backend {
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   // torch's split_group (ProcessGroup::splitGroup): a new ddplite group of this group's ranks
-  // `ranks` (sorted, distinct); null on a rank not in `ranks`. Every rank of this group calls it
+  // `ranks` (distinct), numbered by their position in `ranks` (torch 2.14+ passes the caller's
+  // order, earlier torches the sorted list); null on a rank not in `ranks`. Every rank of this group calls it
   // once per split_group (torch's contract: collective over the parent), members or not; the new
   // group connects over this group's store under "ddplite-split/<n>/<ranks>/", n counting the
   // splits of this group. It does not use torch's `store`, whose prefix is a name torch derives
@@ -138,9 +145,10 @@ class DdpliteBackend final : public c10d::Backend {
   // CUDA: the new group's communicators come from ncclCommSplit of this group's (cuda_->split(),
   // every rank of this group, members or not; NCCL >= 2.18 and a communicator on that GPU), else
   // it makes its own when it first meets a CUDA tensor (docs/parity.md). Caller's thread.
-  bool supportsSplitting() const override { return true; }
+  // torch 2.8 has no Backend::split (its split_group splits NCCL communicators in Python): false.
+  bool supportsSplitting() const override { return DDPLITE_TORCH_HAS_SPLIT; }
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
-                                          const c10::intrusive_ptr<Options>& opts) override;
+                                          const c10::intrusive_ptr<Options>& opts) DDPLITE_OVERRIDE_SINCE_2_9;
   // torch_ddp_lite.failed_ranks: the ranks of this group that are gone (dead or stuck), the same
   // sorted list on every rank that calls it. Each caller publishes "alive" under
   // "failed-ranks/<n>/" (n counting this group's calls) and waits until every rank has either

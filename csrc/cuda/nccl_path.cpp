@@ -731,7 +731,9 @@ c10::intrusive_ptr<c10d::Work> NcclPath::allgather(std::vector<std::vector<at::T
   requireDirect(ctx, {input}, input.device());
   std::vector<at::Tensor> targets = outputs.front();
   return launch(state, Call{"allgather", OpType::ALLGATHER, input.device(), targets, {input}, opts.timeout},
-                [=](const Launch& l) mutable { nccl::allgatherList(l, input, targets, deps_.size); });
+                [input, targets, size = deps_.size](const Launch& l) mutable {
+                  nccl::allgatherList(l, input, targets, size);
+                });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclPath::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -840,8 +842,8 @@ c10::intrusive_ptr<c10d::Work> NcclPath::alltoall_base(at::Tensor& output, at::T
   const OpContext ctx = peekContext("all_to_all_single");
   requireDirect(ctx, {input, output}, input.device());
   return launch(state, Call{"all_to_all_single", OpType::ALLTOALL_BASE, input.device(), {output}, {input}, opts.timeout},
-                [=](const Launch& l) mutable {
-                  nccl::alltoallBase(l, input, output, outputSplitSizes, inputSplitSizes, deps_.size);
+                [input, output, outputSplitSizes, inputSplitSizes, size = deps_.size](const Launch& l) mutable {
+                  nccl::alltoallBase(l, input, output, outputSplitSizes, inputSplitSizes, size);
                 });
 }
 

@@ -15,7 +15,7 @@ NcclWork::NcclWork(const OpContext& context, c10d::OpType type, at::Device devic
       timeout_(timeout),
       isBarrier_(isBarrier),
       launchedAt_(std::chrono::steady_clock::now()),
-      timingStart_(timed ? std::make_unique<c10::cuda::CUDAEvent>(cudaEventDefault) : nullptr),
+      timingStart_(timed ? std::make_unique<compat::CudaEvent>(cudaEventDefault) : nullptr),
       endEvent_(timed ? cudaEventDefault : cudaEventDisableTiming),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                        std::vector<c10::Device>{device})),

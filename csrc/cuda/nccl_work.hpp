@@ -25,11 +25,11 @@
 // Threads: created and launched on the caller's thread; completed or failed by the watchdog.
 #pragma once
 
+#include "common/compat_cuda.hpp"
 #include "common/errors.hpp"
 #include "common/profiling.hpp"
 
 #include <ATen/core/ivalue.h>
-#include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -64,7 +64,8 @@ class NcclWork final : public c10d::Work {
   std::exception_ptr exception() const override;
   void synchronize() override;
   bool wait(std::chrono::milliseconds timeout) override;
-  void blockCurrentStream() override { synchronize(); }
+  // Work::blockCurrentStream (torch 2.9+; async ops waited on from another stream).
+  void blockCurrentStream() DDPLITE_OVERRIDE_SINCE_2_9 { synchronize(); }
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   // The op's c10d::WorkResult as an int, set by the watchdog: SUCCESS once the end event has
@@ -98,10 +99,10 @@ class NcclWork final : public c10d::Work {
   const bool isBarrier_;
   std::chrono::steady_clock::time_point launchedAt_;  // set by recordEnd, before the watchdog sees the Work
   std::vector<at::Tensor> stash_;  // guarded by mutex_
-  c10::cuda::CUDAEvent startEvent_{cudaEventDisableTiming};
+  compat::CudaEvent startEvent_{cudaEventDisableTiming};
   // Timed Works: a timing start event on the NCCL stream, and an end event that times too.
-  std::unique_ptr<c10::cuda::CUDAEvent> timingStart_;
-  c10::cuda::CUDAEvent endEvent_;
+  std::unique_ptr<compat::CudaEvent> timingStart_;
+  compat::CudaEvent endEvent_;
   std::atomic<bool> failed_{false};
   // Set (release) by markLaunched on the launching thread after the end event is recorded; read
   // (acquire) by isCompleted/wait on any thread, so a reader that sees it sees the event.

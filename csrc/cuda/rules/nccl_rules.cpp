@@ -132,10 +132,10 @@ PollResult pollWhileInProgress(const std::function<int()>& query, int inProgress
   }
 }
 
-SplitArgs splitArgs(const std::vector<int>& sortedMembers, int parentRank, int noColor) {
-  const auto me = std::find(sortedMembers.begin(), sortedMembers.end(), parentRank);
-  if (me == sortedMembers.end()) return SplitArgs{noColor, 0};
-  return SplitArgs{sortedMembers.front(), static_cast<int>(me - sortedMembers.begin())};
+SplitArgs splitArgs(const std::vector<int>& members, int parentRank, int noColor) {
+  const auto me = std::find(members.begin(), members.end(), parentRank);
+  if (me == members.end()) return SplitArgs{noColor, 0};
+  return SplitArgs{*std::min_element(members.begin(), members.end()), static_cast<int>(me - members.begin())};
 }
 
 ShrinkPlan shrinkPlan(bool builtWithShrink, Version loaded, bool parentUsable, bool abortPending) {

@@ -80,13 +80,15 @@ PollResult pollWhileInProgress(const std::function<int()>& query, int inProgress
 
 // ncclCommSplit's arguments for one rank of the parent in a split_group: the members of one new
 // group share a color (their lowest parent rank: the new groups are disjoint) and are ordered by
-// parent rank (key); a rank in no new group, or one that refused the split, passes `noColor`
-// (NCCL_SPLIT_NOCOLOR), since every rank of the parent must take part.
+// their position in `members` (key), the caller's order: torch 2.14+ numbers a split's ranks by
+// their position in the list it was given (up to 2.13 it sorts the list first); a rank in no new
+// group, or one that refused the split, passes `noColor` (NCCL_SPLIT_NOCOLOR), since every rank
+// of the parent must take part.
 struct SplitArgs {
   int color;
   int key;
 };
-SplitArgs splitArgs(const std::vector<int>& sortedMembers, int parentRank, int noColor);
+SplitArgs splitArgs(const std::vector<int>& members, int parentRank, int noColor);
 
 // How a shrunk group (torch's shrink_group) gets its communicator on one device where the parent
 // group has one. ncclCommShrink (NCCL 2.27) makes it from the parent's among the survivors only, the
