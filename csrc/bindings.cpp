@@ -70,6 +70,7 @@ py::dict torchFeatures() {
                   py::arg("group_desc") = static_cast<bool>(DDPLITE_TORCH_HAS_GROUP_DESC),
                   py::arg("split_keeps_order") = static_cast<bool>(DDPLITE_TORCH_SPLIT_KEEPS_ORDER),
                   py::arg("options_clone") = static_cast<bool>(DDPLITE_TORCH_HAS_OPTIONS_CLONE),
+                  py::arg("monitored_barrier_any_backend") = static_cast<bool>(DDPLITE_TORCH_MONITORED_BARRIER_ANY_BACKEND),
                   py::arg("torch_flight_recorder_hook") = static_cast<bool>(DDPLITE_TORCH_HAS_FLIGHT_RECORDER_HOOK));
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what torch-ddp-lite needs and builds the extension, idempotently: a second run only
-# checks (a few seconds). Sourced by scripts/train.sh and scripts/test.sh.
+# checks (a few seconds). Run by scripts/train.sh, scripts/test.sh and scripts/torch_slice.sh.
 #   TORCH_VERSION   the torch to install, replacing the one installed (default: keep an installed
 #                   torch that torch-ddp-lite supports; install the newest tested one where there
 #                   is none). Supported and tested: torch_ddp_lite/torch_versions.py.
@@ -19,33 +19,30 @@ versions() { "$PYTHON" "$REPO/torch_ddp_lite/torch_versions.py" "$@"; }
 # 1. torch: never replaced unless TORCH_VERSION asks for it. The CUDA build from PyPI is fine
 #    (the CPU path needs no GPU).
 installed_torch=$("$PYTHON" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null || true)
-if [ -n "${TORCH_VERSION:-}" ]; then
-  if ! versions supported "$TORCH_VERSION"; then
-    say "TORCH_VERSION=$TORCH_VERSION: torch-ddp-lite builds and is tested with torch $(versions range) ($(versions all))"
-    exit 1
-  fi
-  want_torch="$TORCH_VERSION"
-elif [ -n "$installed_torch" ]; then
-  if ! versions supported "$installed_torch"; then
-    say "torch $installed_torch is installed, but torch-ddp-lite builds and is tested with torch $(versions range) only."
-    say "Either install a supported torch into this environment (this replaces torch $installed_torch):"
-    say "    TORCH_VERSION=$(versions newest) bash scripts/setup.sh"
-    say "or keep it and use a virtual environment of its own:"
-    say "    python3 -m venv ~/venv-ddplite && PYTHON=~/venv-ddplite/bin/python bash scripts/setup.sh"
-    exit 1
-  fi
-  want_torch="${installed_torch%%+*}"
-else
-  want_torch="$(versions newest)"
+decision=$(versions decide "$installed_torch" "${TORCH_VERSION:-}") || true
+case "$decision" in
+  keep\ *|install\ *) ;;
+  refuse\ *) ;;
+  *) say "could not decide which torch to use (torch_ddp_lite/torch_versions.py failed)"; exit 1 ;;
+esac
+if [ "${decision%% *}" = refuse ]; then
+  say "${decision#refuse }."
+  say "Either install a supported torch into this environment${installed_torch:+ (this replaces torch $installed_torch)}:"
+  say "    TORCH_VERSION=$(versions newest) bash scripts/setup.sh"
+  say "or keep it and use a virtual environment of its own:"
+  say "    python3 -m venv ~/venv-ddplite && PYTHON=~/venv-ddplite/bin/python bash scripts/setup.sh"
+  exit 1
 fi
-if [ "${installed_torch%%+*}" != "$want_torch" ]; then
-  say "installing torch==$want_torch${installed_torch:+ (replacing torch $installed_torch, as TORCH_VERSION asks)}"
-  "$PYTHON" -m pip install --quiet --disable-pip-version-check "torch==$want_torch"
-else
-  say "torch $installed_torch present (kept)"
-fi
+want_torch="${decision#* }"
+case "$decision" in
+  keep*) say "torch $installed_torch present (kept)" ;;
+  install*)
+    say "installing torch==$want_torch${installed_torch:+ (replacing torch $installed_torch, as TORCH_VERSION asks)}"
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check "torch==$want_torch" ;;
+esac
 # Every later install is constrained to this torch, so that no package's requirement replaces it.
-constraints="$(mktemp)"  # removed below: this file is sourced, so no EXIT trap of its own
+constraints="$(mktemp)"
+trap 'rm -f "$constraints"' EXIT
 echo "torch==$("$PYTHON" -c "import importlib.metadata as m; print(m.version('torch'))")" > "$constraints"
 
 # 1a. The other Python packages: install only what is missing.
@@ -76,12 +73,10 @@ PY
 )
 if [ -n "$missing" ]; then
   say "installing: $missing"
-  "$PYTHON" -m pip install --quiet --disable-pip-version-check -c "$constraints" $missing \
-    || { rm -f "$constraints"; exit 1; }
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check -c "$constraints" $missing
 else
   say "python packages present"
 fi
-rm -f "$constraints"
 
 # 1b. iproute2: tests/test_multihost.py builds its "hosts" with `ip netns` (and skips without it).
 if ! command -v ip >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

@@ -27,7 +27,7 @@ rows = []
 for version in tv.TESTED:
     path = os.path.join(envs, f"torch-{version}", "result.json")
     if not os.path.exists(path):
-        rows.append(f"| {version} | not run | | | | | |")
+        rows.append(f"| {version} | not run | | | | | | |")
         continue
     r = json.load(open(path))
     refused = ", ".join(name for name in tv.FEATURES if not tv.has(name, version)) or "nothing"

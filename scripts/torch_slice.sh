@@ -27,7 +27,7 @@ finish() {  # build passed failed skipped ddp
   printf '{"torch": "%s", "build": "%s", "passed": %s, "failed": %s, "skipped": %s, "ddp": "%s", "seconds": %s, "date": "%s"}\n' \
     "$VERSION" "$1" "$2" "$3" "$4" "$5" "$seconds" "$(date -u +%Y-%m-%d)" > "$HERE/result.json"
   echo "torch-slice torch=$VERSION build=$1 passed=$2 failed=$3 skipped=$4 ddp=$5 seconds=$seconds"
-  [ "$1" = ok ] && [ "$3" = 0 ] && [ "$5" = ok ]
+  [ "$1" = ok ] && [ "$2" -gt 0 ] && [ "$3" = 0 ] && [ "$5" = ok ]
   exit $?
 }
 
@@ -43,7 +43,9 @@ fi
 mkdir -p "$SRC"
 find "$SRC" -mindepth 1 -maxdepth 1 ! -name build ! -name torch_ddp_lite -exec rm -rf {} +
 find "$SRC/torch_ddp_lite" -mindepth 1 ! -name '_C*.so' -exec rm -rf {} + 2>/dev/null || true
-(cd "$REPO" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -xf - -C "$SRC"
+# (--ignore-failed-read: a tracked file deleted in the working tree is left out, not an error)
+(cd "$REPO" && git ls-files -co --exclude-standard -z | tar --null --ignore-failed-read -T - -cf - 2>/dev/null) \
+  | tar -xf - -C "$SRC"
 
 say "setting up $VENV (torch $VERSION) and building $SRC"
 if ! PYTHON="$VENV/bin/python" TORCH_VERSION="$VERSION" bash "$SRC/scripts/setup.sh"; then

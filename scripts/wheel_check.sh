@@ -13,6 +13,7 @@ PYTHON="${PYTHON:-python3}"
 if [ $# -ge 1 ]; then OUT="$1"; mkdir -p "$OUT"; else OUT="$(mktemp -d)"; trap 'rm -rf "$OUT"' EXIT; fi
 torch_mm=$("$PYTHON" -c "import torch; print('.'.join(torch.__version__.split('.')[:2]))")
 
+rm -rf "$OUT/dist" "$OUT/venv"
 MAX_JOBS="${MAX_JOBS:-2}" "$PYTHON" -m build --wheel --no-isolation --outdir "$OUT/dist" "$REPO" > "$OUT/build.log" 2>&1 \
   || { tail -n 30 "$OUT/build.log"; exit 1; }
 wheel=$(ls "$OUT"/dist/*.whl)
@@ -31,7 +32,7 @@ echo "$host_site" > "$venv_site/zz-host-torch.pth"
 cp "$REPO/tests/wheel_job.py" "$OUT/wheel_job.py"
 cd "$OUT"
 env -i HOME="$OUT" PATH="$OUT/venv/bin" TORCH_DEVICE_BACKEND_AUTOLOAD=1 "$OUT/venv/bin/python" wheel_job.py | tee "$OUT/job.json"
-"$OUT/venv/bin/python" - "$OUT/job.json" "$venv_site" <<'PY'
+env -i HOME="$OUT" PATH="$OUT/venv/bin" "$OUT/venv/bin/python" - "$OUT/job.json" "$venv_site" <<'PY'
 import json, sys
 job = json.load(open(sys.argv[1]))
 assert job["ok"], job

@@ -383,6 +383,16 @@ def eager_connect_and_split(rank, world_size):
         t = torch.full((1000,), float(rank + 1), device=device)
         dist.all_reduce(t, group=group)
         checks.same(f"split {splits}", t, torch.full((1000,), float(sum(r + 1 for r in mine))))
+    # Ranks in reverse order: torch 2.14+ numbers them by position (global rank n-1 is group rank
+    # 0; earlier torches sort them), and the NCCL rank (ncclCommSplit's key) must be that number.
+    group = dist.split_group(split_ranks=[list(range(world_size))[::-1]])
+    order = dist.get_process_group_ranks(group)
+    value = torch.full((8,), float(rank * 10), device=device)
+    dist.broadcast(value, src=order[0], group=group)
+    checks.same("reversed split broadcast from group rank 0", value, torch.full((8,), float(order[0] * 10), device=device))
+    gathered = [torch.zeros(2, device=device) for _ in range(world_size)]
+    dist.all_gather(gathered, torch.full((2,), float(rank), device=device), group=group)
+    checks.same("reversed split all_gather order", torch.stack(gathered)[:, 0].cpu(), torch.tensor(order, dtype=torch.float32))
     t = torch.ones(4, device=device)
     dist.all_reduce(t)  # the parent still works
     checks.same("parent after splits", t, torch.full((4,), float(world_size)))

@@ -225,9 +225,15 @@ def _made_split(rank, group):
             "sum": total.item(), "broadcast": value.item(), "gathered": [t.item() for t in gathered]}
 
 
-def _split_each(rank, splits_list):
+def _one_group_for_cpu_and_cuda(group):
+    """torch calls split once per device type with one store; the second call must get the group
+    the first made (one connection, one ncclCommSplit), not a second one."""
+    return group._get_backend(torch.device("cpu")) is group._get_backend(torch.device("cuda"))
+
+
+def _split_each(rank, splits_list, groups=None):
     """dist.split_group of each split in turn; stops at the first one torch (or the backend)
-    refuses, with the error's type and message."""
+    refuses, with the error's type and message. The groups made go to `groups`."""
     made = []
     for splits in splits_list:
         try:
@@ -236,6 +242,8 @@ def _split_each(rank, splits_list):
             made.append(("raised", type(error).__name__, str(error)))
             break
         made.append(_made_split(rank, group))
+        if groups is not None and isinstance(made[-1], dict):
+            groups.append(group)
     return made
 
 
@@ -254,8 +262,10 @@ def split_group(rank, world_size, backend, splits_list):
         options = world._get_backend(torch.device("cpu")).options
         out["options_copy"] = type(copy.deepcopy(options)).__name__
     world.bound_device_id = torch.device("cpu", 0)
-    out["bound"] = _split_each(rank, splits_list)
+    groups = []
+    out["bound"] = _split_each(rank, splits_list, groups)
     if backend == "ddplite":
+        out["one_group_for_cpu_and_cuda"] = [_one_group_for_cpu_and_cuda(g) for g in groups]
         if world_size == 2 and not isinstance(out["bound"][0], tuple):
             # Rank 1's list [1, 2] names a rank the group lacks: rank 1 refuses, rank 0 makes [0].
             # The refused split still takes its number on rank 1, so a later split pairs up.

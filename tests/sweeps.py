@@ -192,7 +192,8 @@ def sweep_reduce_scatter(rank, world_size, counts, dtypes=None):
             if op != PREMUL and not sweep.gloo_honours_reduce_scatter(op):
                 reference = None  # torch 2.8's gloo sums whatever the op: the closed form is the oracle
             else:
-                reference = sweep.reference(run_gloo, refused=gloo_refuses(dtype, op))
+                reference = sweep.reference(run_gloo, refused=gloo_refuses(dtype, op),
+                                            gloo_checks=sweep.gloo_checks_reduce_scatter())
             for algorithm in each_algorithm("reduce_scatter"):
                 label = f"reduce_scatter[{algorithm}] {dtype} {label_of(op)} n={count}"
                 flat_input = torch.cat(blocks)

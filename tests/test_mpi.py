@@ -310,9 +310,13 @@ def test_mpirun_parity_calls(tmp_path, transport, ranks):
         assert [dense for _, _, dense in sparse["results"]] == sparse["expected"]
         assert sparse["max"][0] == "ValueError" and sparse["after"] == [n] * 2
         split = result["split"]
-        assert split["splits"][0]["ranks"] == list(range(n)) and split["splits"][0]["sum"] == n * (n + 1) / 2
-        assert split["splits"][1] == {"backend": "ddplite", "rank": 0, "size": 1, "ranks": [rank], "sum": rank + 1.0,
-                                      "broadcast": rank * 10, "gathered": [rank], "cpu_and_cuda_same": True}
+        if isinstance(split["bound"][0], tuple):  # torch 2.12-2.14 on a CPU-only host: refused, as for gloo
+            assert split["bound"][0][:2] == ("raised", "RuntimeError"), split
+        else:
+            assert split["bound"][0]["ranks"] == list(range(n)) and split["bound"][0]["sum"] == n * (n + 1) / 2
+            assert split["bound"][1] == {"rank": 0, "size": 1, "ranks": [rank], "sum": rank + 1.0,
+                                         "broadcast": rank * 10, "gathered": [rank]}
+            assert split["one_group_for_cpu_and_cuda"] == [True, True], split
         monitored = result["monitored"]
         assert [o[0] for o in monitored["passed"]] == ["ok", "ok"] and monitored["sum"] == [n * (n + 1) / 2] * 2
         if n == 1:

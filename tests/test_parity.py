@@ -184,6 +184,8 @@ def test_split_group_follows_gloo_on_the_running_torch(world_size, env):
         for phase in ("unbound", "bound"):
             _assert_split_closed_form(rank, SPLITS[world_size][: len(ours[rank][phase])], ours[rank][phase])
         assert ours[rank]["options_copy"] == "DdpliteOptions"
+        made = [m for m in ours[rank]["bound"] if isinstance(m, dict)]
+        assert ours[rank]["one_group_for_cpu_and_cuda"] == [True] * len(made), ours[rank]
         if "refused" in ours[rank]:
             assert ours[rank]["refused"][0] == ("ok" if rank == 0 else "ValueError"), ours[rank]["refused"]
             assert ours[rank]["after_refused"] == ours[rank]["bound"][:1], rank

@@ -110,6 +110,30 @@ def test_torch_versions_list_is_the_one_setup_and_the_build_read():
     assert info["torch_features"] == {name: tv.has(name, torch.__version__) for name in tv.FEATURES}, info
 
 
+@pytest.mark.parametrize("installed,requested,decision", [
+    ("", "", ("install", "2.15.0")),                  # a fresh machine: the newest tested release
+    ("2.13.0+cu130", "", ("keep", "2.13.0")),         # a supported torch is never replaced
+    ("2.8.0", "", ("keep", "2.8.0")),
+    ("2.14.0", "", ("keep", "2.14.0")),               # another patch of a supported minor
+    ("2.15.0+cu132", "2.15.0", ("keep", "2.15.0")),
+    ("2.13.0", "2.12.1", ("install", "2.12.1")),      # asked for: replaced
+    ("2.7.1", "", ("refuse", None)),                  # too old: refused, not replaced
+    ("2.16.0", "", ("refuse", None)),                 # newer than tested: refused, not replaced
+    ("", "2.7.0", ("refuse", None)),
+])
+def test_setup_keeps_a_supported_torch_and_never_replaces_one_unasked(installed, requested, decision):
+    from torch_ddp_lite import torch_versions as tv
+
+    action, what = tv.decide(installed, requested)
+    assert action == decision[0] and (decision[1] is None or what == decision[1]), (action, what)
+    if action == "refuse":
+        assert "2.8 to 2.15" in what
+    # setup.sh acts on exactly this decision (the same function, run as a script)
+    script = os.path.join(os.path.dirname(tv.__file__), "torch_versions.py")
+    proc = subprocess.run([sys.executable, script, "decide", installed, requested], capture_output=True, text=True)
+    assert proc.stdout.split(" ", 1)[0] == action and proc.returncode == (1 if action == "refuse" else 0)
+
+
 def test_built_against_installed_torch():
     assert torch_ddp_lite.built_torch_version() == torch.__version__
 

@@ -59,9 +59,6 @@ def supported(dtype, op):
     return not (dtype == torch.bool and op == ReduceOp.AVG)
 
 
-GLOO_REFUSALS_HOLD = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 11)
-
-
 def gloo_refuses(dtype, op):
     """The reduction cases gloo itself raises on (probed on torch 2.11: "Cannot use
     ReduceOp.PREMUL_SUM with Gloo"; AVG on integers and bool: "result type Float can't be cast");
@@ -136,10 +133,12 @@ class Sweep:
             self.failures.append(f"rank {self.rank} {label}: got {actual.flatten()[:8].tolist()} "
                                  f"expected {expected.flatten()[:8].tolist()}")
 
-    def reference(self, run_gloo, refused=False):
+    def reference(self, run_gloo, refused=False, gloo_checks=True):
         """gloo's result for the same op on the same inputs. `refused`: a case gloo_refuses lists;
         then gloo must really raise (the list stays honest) and there is no reference (None).
-        Any other error of gloo's propagates and fails the test."""
+        Any other error of gloo's propagates and fails the test. `gloo_checks=False`: this
+        collective of this torch's gloo refuses nothing (gloo_checks_reduce_scatter), so the listed
+        cases it answers are not held against the list (nor used: the closed form checks them)."""
         if not refused:
             return run_gloo()
         try:
@@ -147,12 +146,23 @@ class Sweep:
         except (RuntimeError, ValueError):
             self.gloo_refused += 1
             return None
-        # The list was probed on torch 2.11 and holds since; the gloo of older torches answers some
-        # of these cases (torch 2.8's reduce_scatter checks neither op nor dtype) with results that
-        # are no oracle (AVG summed): there the closed form alone checks them.
-        if GLOO_REFUSALS_HOLD:
+        if gloo_checks:
             self.failures.append(f"rank {self.rank}: gloo answered a case listed as refused")
         return None
+
+    def gloo_checks_reduce_scatter(self):
+        """Whether this torch's gloo refuses in reduce_scatter what it cannot do: a PREMUL_SUM must
+        raise. torch 2.8's gloo checks neither op nor dtype there (it sums whatever it is given).
+        Probed once per sweep."""
+        if not hasattr(self, "_gloo_checks_rs"):
+            output = torch.zeros(1)
+            try:
+                dist.reduce_scatter_tensor(output, torch.ones(dist.get_world_size()),
+                                           op=dist._make_nccl_premul_sum(0.5), group=self.gloo)
+                self._gloo_checks_rs = False
+            except (RuntimeError, ValueError):
+                self._gloo_checks_rs = True
+        return self._gloo_checks_rs
 
     def gloo_honours_reduce_scatter(self, op):
         """Whether this torch's gloo applies `op` (a ReduceOp) in reduce_scatter. torch 2.8's gloo

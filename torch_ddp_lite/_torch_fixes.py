@@ -40,6 +40,15 @@ def register_shrunk_groups_as_custom():
     c10d._create_shrunk_process_group = create_shrunk_process_group
 
 
+def _splits_on_ddplite(group):
+    """torch 2.8's split_group splits the group's cuda backend: is that ddplite's (also in a group
+    of mixed backends, "cpu:gloo,cuda:ddplite")?"""
+    try:
+        return _is_ddplite(group._get_backend(torch.device("cuda")))
+    except Exception:  # noqa: BLE001 - no cuda backend: torch refuses it itself
+        return False
+
+
 def refuse_split_before_2_9(require_torch):
     """torch 2.8 has dist.split_group but no Backend.split: it splits NCCL communicators in Python
     and refuses every other backend with "No backend for the parent process group or its backend
@@ -54,7 +63,7 @@ def refuse_split_before_2_9(require_torch):
 
     def split_group(parent_pg=None, *args, **kwargs):
         parent = parent_pg if parent_pg is not None else c10d._get_default_group()
-        if c10d.get_backend(parent) == "ddplite":
+        if _splits_on_ddplite(parent):
             require_torch("split", rank=c10d.get_rank())
         return original(parent_pg, *args, **kwargs)
 

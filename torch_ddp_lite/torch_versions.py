@@ -7,6 +7,7 @@ scripts/torch_compile_check.py. It imports nothing, so it runs before torch is i
     python3 torch_ddp_lite/torch_versions.py newest          # 2.15.0
     python3 torch_ddp_lite/torch_versions.py torchvision 2.15.0
     python3 torch_ddp_lite/torch_versions.py supported 2.13.0+cu130   # exit 0 if supported
+    python3 torch_ddp_lite/torch_versions.py decide 2.13.0+cu130 ""   # keep 2.13.0 (setup.sh's choice)
     python3 torch_ddp_lite/torch_versions.py all             # one release per minor, oldest first
     python3 torch_ddp_lite/torch_versions.py between         # all but the oldest and the newest
 """
@@ -36,6 +37,7 @@ FEATURES = {
     "group_desc": ((2, 11), "the group description in flight-recorder dumps"),
     "split_keeps_order": ((2, 14), "split_group numbering ranks in the caller's order (earlier: sorted)"),
     "options_clone": ((2, 14), "Backend.Options.clone()"),
+    "monitored_barrier_any_backend": ((2, 14), "dist.monitored_barrier on a ddplite group (earlier: torch_ddp_lite.monitored_barrier)"),
     "torch_flight_recorder_hook": ((2, 15), "torch's FlightRecorderHook on third-party backends"),
 }
 
@@ -87,6 +89,24 @@ def supported_range():
     return f"{lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}"
 
 
+def decide(installed, requested):
+    """What scripts/setup.sh does about torch: ("keep", version), ("install", version) or
+    ("refuse", reason). `installed`: the installed torch's version or "" for none; `requested`:
+    TORCH_VERSION or "". An installed supported torch is never replaced unless a release is
+    requested; an unsupported one is refused rather than replaced."""
+    if requested:
+        if not is_supported(requested):
+            return "refuse", f"TORCH_VERSION={requested} is not a release torch-ddp-lite supports ({supported_range()})"
+        if installed and release(installed) == release(requested):
+            return "keep", installed.split("+")[0]
+        return "install", requested.split("+")[0]  # PyPI's wheels carry no local label
+    if installed:
+        if not is_supported(installed):
+            return "refuse", f"torch {installed} is installed, but torch-ddp-lite supports torch {supported_range()} only"
+        return "keep", installed.split("+")[0]
+    return "install", NEWEST
+
+
 def main(argv):
     command = argv[1] if len(argv) > 1 else "all"
     if command == "newest":
@@ -106,6 +126,10 @@ def main(argv):
         print(found)
     elif command == "supported":
         return 0 if is_supported(argv[2]) else 1
+    elif command == "decide":  # decide <installed or ""> <requested or "">
+        action, what = decide(argv[2], argv[3])
+        print(f"{action} {what}")
+        return 0 if action != "refuse" else 1
     else:
         print(__doc__, file=sys.stderr)
         return 2

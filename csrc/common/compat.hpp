@@ -36,6 +36,9 @@
 // torch's split_group numbers a split's ranks by their position in the caller's list (up to 2.13
 // it sorts the list first): torch 2.14. ddplite's split follows the list it is given either way.
 #define DDPLITE_TORCH_SPLIT_KEEPS_ORDER DDPLITE_TORCH_AT_LEAST(2, 14)
+// torch's dist.monitored_barrier calls any backend with a CPU device (up to 2.13 it refuses all
+// but gloo in Python; torch_ddp_lite.monitored_barrier serves ddplite groups there): torch 2.14.
+#define DDPLITE_TORCH_MONITORED_BARRIER_ANY_BACKEND DDPLITE_TORCH_AT_LEAST(2, 14)
 // torch attaches its own FlightRecorderHook to groups of backends outside its set of
 // self-recording ones (ddplite joins the set: _ddplite_autoload.py): torch 2.15.
 #define DDPLITE_TORCH_HAS_FLIGHT_RECORDER_HOOK DDPLITE_TORCH_AT_LEAST(2, 15)
