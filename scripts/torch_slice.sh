@@ -55,6 +55,14 @@ fi
 
 cd "$SRC"
 export PATH="$VENV/bin:$PATH"
+# A CUDA build of torch brings its nvidia-nccl wheel: the build must then have compiled the NCCL
+# path too (the CUDA files against this torch's headers), else the slice would not cover them.
+if ! "$VENV/bin/python" -c "
+import sys, torch, torch_ddp_lite
+sys.exit(0 if not torch.version.cuda or torch_ddp_lite.build_info()['nccl']['compiled_in'] else 1)"; then
+  say "torch $VERSION is a CUDA build but the extension was built without NCCL"
+  finish failed 0 0 0 skipped
+fi
 log="$HERE/pytest.log"
 "$VENV/bin/python" -m pytest "${SLICE[@]}" -m "not slow and not exhaustive" -q -p no:cacheprovider "$@" 2>&1 | tee "$log" | tail -n 25
 summary=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|error)" "$log" | tail -n 1)
