@@ -20,25 +20,20 @@ versions() { "$PYTHON" "$REPO/torch_ddp_lite/torch_versions.py" "$@"; }
 #    (the CPU path needs no GPU).
 installed_torch=$("$PYTHON" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null || true)
 decision=$(versions decide "$installed_torch" "${TORCH_VERSION:-}") || true
-case "$decision" in
-  keep\ *|install\ *) ;;
-  refuse\ *) ;;
-  *) say "could not decide which torch to use (torch_ddp_lite/torch_versions.py failed)"; exit 1 ;;
-esac
-if [ "${decision%% *}" = refuse ]; then
-  say "${decision#refuse }."
-  say "Either install a supported torch into this environment${installed_torch:+ (this replaces torch $installed_torch)}:"
-  say "    TORCH_VERSION=$(versions newest) bash scripts/setup.sh"
-  say "or keep it and use a virtual environment of its own:"
-  say "    python3 -m venv ~/venv-ddplite && PYTHON=~/venv-ddplite/bin/python bash scripts/setup.sh"
-  exit 1
-fi
 want_torch="${decision#* }"
 case "$decision" in
-  keep*) say "torch $installed_torch present (kept)" ;;
-  install*)
+  keep\ *) say "torch $installed_torch present (kept)" ;;
+  install\ *)
     say "installing torch==$want_torch${installed_torch:+ (replacing torch $installed_torch, as TORCH_VERSION asks)}"
     "$PYTHON" -m pip install --quiet --disable-pip-version-check "torch==$want_torch" ;;
+  refuse\ *)
+    say "${decision#refuse }."
+    say "Either install a supported torch into this environment${installed_torch:+ (this replaces torch $installed_torch)}:"
+    say "    TORCH_VERSION=$(versions newest) bash scripts/setup.sh"
+    say "or keep it and use a virtual environment of its own:"
+    say "    python3 -m venv ~/venv-ddplite && PYTHON=~/venv-ddplite/bin/python bash scripts/setup.sh"
+    exit 1 ;;
+  *) say "could not decide which torch to use (torch_ddp_lite/torch_versions.py failed)"; exit 1 ;;
 esac
 # Every later install is constrained to this torch, so that no package's requirement replaces it.
 constraints="$(mktemp)"

@@ -58,9 +58,6 @@
 
 namespace ddplite::compat {
 
-// The torch release these headers are (e.g. "2.15.0"), for messages.
-inline std::string torchVersion() { return TORCH_VERSION; }
-
 // The group's name and description as torch passes them in Options (empty where this torch's
 // Options has no such field).
 inline std::string groupName([[maybe_unused]] const c10d::Backend::Options& options) {
