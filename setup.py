@@ -82,7 +82,8 @@ def sources(with_nccl):
     folders = ["common", "rendezvous", "cpu", "backend", "cuda/rules"] + (["cuda"] if with_nccl else [])
     for folder in folders:
         found += glob.glob(os.path.join("csrc", folder, "**", "*.cpp"), recursive=True)
-    return sorted(set(found)) + [os.path.join("csrc", "bindings.cpp")]
+    # The module: the user's surface (bindings.cpp) and what only the tests bind (test_hooks.cpp).
+    return sorted(set(found)) + [os.path.join("csrc", "bindings.cpp"), os.path.join("csrc", "test_hooks.cpp")]
 
 
 OPTIMISATION_FLAGS = ["-O3", "-Wall", "-Wno-unused-parameter"]

@@ -1,4 +1,4 @@
-"""Chaos runs, the full suite (issue 13; tests/test_chaos.py runs a slice in CI): 2-4-rank DDP
+"""Chaos runs, the full suite (tests/test_chaos.py runs a slice in CI): 2-4-rank DDP
 training on CPU, one random rank killed (SIGKILL) or stopped (SIGSTOP) at a random moment. Every
 survivor must raise a DistBackendError naming that rank within the group's timeout + 5 s, exit by
 its own error path, and leave no /dev/shm segment (tests/chaos_runner.py).

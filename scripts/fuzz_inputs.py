@@ -1,4 +1,4 @@
-"""The bad-input fuzz, full run (issue 13; tests/test_fuzz.py runs a slice of it in CI): at each
+"""The bad-input fuzz, full run (tests/test_fuzz.py runs a slice of it in CI): at each
 world size, `--calls` random invalid calls of every collective, the same on every rank (bad
 tensors: sparse, quantized, overlapping views up to 2^31 elements, unsupported dtypes; roots out of
 range; list lengths, output sizes and all_to_all splits that do not add up; mixed and mismatched

@@ -1,4 +1,4 @@
-"""The α-β model of ddplite's all_reduce to thousands of ranks (issue 27; docs/scale.md).
+"""The α-β model of ddplite's all_reduce to thousands of ranks (docs/scale.md).
 
     python scripts/scale_model.py [--net-alpha-us 10] [--net-gbps 3] [--host-cores 64] \
         [--host-mem-gbps 100] [--shm-line-us 0.1] [--json out.json]

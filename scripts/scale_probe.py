@@ -1,4 +1,4 @@
-"""Per-rank costs as the group grows (issue 27's probe): start-up, a small all_reduce, threads and
+"""Per-rank costs as the group grows: start-up, a small all_reduce, threads and
 open descriptors per rank, ddplite against gloo, in one run with the backends interleaved.
 
     python scripts/scale_probe.py --ranks 8,16,32,64 [--backends ddplite,ddplite-tcp,gloo] [--json out.json]

@@ -1,4 +1,4 @@
-"""Soak, the full run (issue 13; tests/test_soak.py runs a slice in CI): `--ops` random
+"""Soak, the full run (tests/test_soak.py runs a slice in CI): `--ops` random
 collectives on integer data (random ops, sizes 0 to 65537, dtypes, roots, reduce ops, two ddplite
 groups used alternately) through ddplite and through gloo on the same inputs, compared bit for
 bit; RSS, open descriptors and threads sampled after the warm-up and at the end; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Several TCP sockets per pair: do they move bytes faster between two network-namespace hosts
-(a veth pair, as scripts/multihost_bench.py's hosts)? Issue 27 asks for several sockets per
+(a veth pair, as scripts/multihost_bench.py's hosts)? The scale work asks for several sockets per
 leader pair "where that measures faster". Each round sends `--mib` MiB from host a to host b
 over K sockets, driven either by one thread per socket on each side (NCCL's
 NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD) or by one thread polling every socket (ddplite's

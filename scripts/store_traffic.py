@@ -1,4 +1,4 @@
-"""Set-up store traffic per rank (issue 27): `init_process_group` of N ranks on this host through a
+"""Set-up store traffic per rank: `init_process_group` of N ranks on this host through a
 store that counts every request and the bytes of its keys and values, sent and answered
 (tests/scale_workers.py's CountingStore around a FileStore; torch's own requests included), with
 connections on demand. Prints, per world size and backend, the requests and bytes of rank 0 and of

@@ -1,4 +1,4 @@
-"""Teardown soak (issue 30; tests/test_teardown.py runs a slice in CI): `--runs` jobs of init ->
+"""Teardown soak (tests/test_teardown.py runs a slice in CI): `--runs` jobs of init ->
 mixed ops (coalesced and plain send/recv, a gloo subgroup, a ddplite subgroup, shared memory and
 TCP, ops left in flight) -> destroy_process_group (or none) -> exit, at 2-4 ranks, under CPU
 stress (one busy process per core). Every rank must be gone within 2 s of finishing its ops

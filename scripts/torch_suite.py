@@ -1,4 +1,4 @@
-"""PyTorch's own distributed test suite as the oracle (issue 15): every test of
+"""PyTorch's own distributed test suite as the oracle: every test of
 DistributedTest._DistTestBase (collectives, p2p, DDP, subgroups, SyncBatchNorm, ...) run on CPU
 against gloo and against ddplite, one pytest run per backend (tests/torch_suite_runner.py says
 how the gloo-gated tests reach ddplite). Every test that passes on gloo must pass on ddplite,

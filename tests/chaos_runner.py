@@ -1,4 +1,4 @@
-"""Chaos runs (issue 13): 2-4-rank DDP training on CPU through ddplite (tests/chaos_job.py), one
+"""Chaos runs: 2-4-rank DDP training on CPU through ddplite (tests/chaos_job.py), one
 rank killed with SIGKILL, or stopped with SIGSTOP, at a random moment. Every survivor must raise
 a DistBackendError naming that rank within the group's timeout + 5 s (a killed rank is noticed
 long before: its sockets close) and leave a flight-recorder dump that loads, holding the op that

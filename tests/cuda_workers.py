@@ -269,7 +269,7 @@ def _staged(world_size):
 
 
 def review_cases(rank, world_size):
-    """The cases issue 14's review found wrong on the NCCL path, each against its closed form.
+    """The cases a review of the NCCL path found wrong, each against its closed form.
 
     batch_isend_irecv in torch's docstring ring (send to rank + 1, receive from rank - 1) hangs when
     the sends are issued one by one outside an NCCL group (at world size 1 the rank sends to

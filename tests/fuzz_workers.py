@@ -1,4 +1,4 @@
-"""Bad-input fuzz (issue 13): random invalid calls of every collective, the same call on every
+"""Bad-input fuzz: random invalid calls of every collective, the same call on every
 rank (so the call is invalid everywhere and nothing may go on the wire). Each must raise a
 Python exception (never crash, never hang), a ddplite message naming its op and rank, and the
 group must stay usable: every few calls a valid all_reduce checks it.

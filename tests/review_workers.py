@@ -1,5 +1,5 @@
 """Rank functions for tests/test_shm_review.py: the defects a review of the shared-memory path
-found (issue 30), each driven to the state that exposed it."""
+found, each driven to the state that exposed it."""
 
 import os
 import tempfile

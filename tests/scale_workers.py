@@ -1,4 +1,4 @@
-"""Rank-side code for tests/test_scale.py (issue 27: per-rank costs that do not grow)."""
+"""Rank-side code for tests/test_scale.py (per-rank costs that do not grow)."""
 
 import gc
 import os

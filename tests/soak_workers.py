@@ -1,4 +1,4 @@
-"""Soak (issue 13): many random collectives on integer data, each run through ddplite and through
+"""Soak: many random collectives on integer data, each run through ddplite and through
 gloo on identical inputs and compared bit for bit; the process's RSS, descriptors and threads
 sampled before and after; then rounds of new_group / destroy. Run by tests/test_soak.py (a slice)
 and scripts/soak.py (the full run).

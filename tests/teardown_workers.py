@@ -1,4 +1,4 @@
-"""Teardown soak (issue 30): a job that does a little of everything, then tears down and exits.
+"""Teardown soak: a job that does a little of everything, then tears down and exits.
 
 One run starts ``world_size`` ranks, each of which: joins a ddplite group (shared memory or TCP,
 by ``DDPLITE_CPU_TRANSPORT``), makes a gloo subgroup and a ddplite subgroup, runs coalesced

@@ -1,4 +1,4 @@
-"""Authenticated connections (issue 13): the handshake's HMAC against Python's; a mesh whose rank 0
+"""Authenticated connections: the handshake's HMAC against Python's; a mesh whose rank 0
 listens while strangers connect to it, send garbage, an HTTP request or a replayed handshake, or
 connect and say nothing, and whose rank 1 starts only then (rank 0's log must name each stranger,
 and the mesh must come up); and a whole 2-rank job under attack on every port it opens.
@@ -269,7 +269,7 @@ def test_a_short_key_file_is_refused(tmp_path):
 
 @pytest.mark.parametrize("churn", [False, True], ids=["reconnect-when-dropped", "churning"])
 def test_silent_strangers_on_demand_hold_at_most_64_descriptors_per_listener_and_the_job_computes(churn):
-    """Issue 41, item 2: a 24-rank job connecting on demand over TCP; 200 silent connections to each
+    """A 24-rank job connecting on demand over TCP; 200 silent connections to each
     listener of ranks 0 and 11 (collectives' and send/recv meshes), each reopened as soon as it is
     dropped (churning: each also closes itself within 0.5 s and reconnects, so every slot stays
     young), while every pair connects (all_to_all) and computes. An attacked rank's descriptors
@@ -299,7 +299,7 @@ def test_silent_strangers_on_demand_hold_at_most_64_descriptors_per_listener_and
 
 @pytest.mark.parametrize("connect", ["at_init", "on_demand"])
 def test_without_authentication_every_rank_warns_who_can_take_its_place_and_when(connect):
-    """Issue 41, item 7: DDPLITE_AUTH=0 lets anyone who reaches a listener take a rank's place; at
+    """DDPLITE_AUTH=0 lets anyone who reaches a listener take a rank's place; at
     init only during set-up, on demand for the whole job (a pair's first hello wins). Every rank
     says which, once per kind of mesh; the job computes."""
     store = host_store()

@@ -60,8 +60,9 @@ def test_object_collectives(world_size):
 
 
 def test_what_torch_itself_refuses_on_cpu():
-    """Documented in the README: these limits are torch's, the same under gloo's group. torch
-    2.14+ passes dist.monitored_barrier to any backend with a CPU device: there it runs on ddplite."""
+    """Documented in docs/features.md ("DDP and its companions"): these limits are torch's, the
+    same under gloo's group. torch 2.14+ passes dist.monitored_barrier to any backend with a CPU
+    device: there it runs on ddplite."""
     for outcome in run_ranks(companions.what_torch_refuses_on_cpu, 2):
         assert "SyncBatchNorm expected input tensor to be on GPU" in outcome["sync_batchnorm"]
         if torch_ddp_lite.torch_has("monitored_barrier_any_backend"):

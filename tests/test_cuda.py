@@ -205,7 +205,7 @@ def test_shrink_group_keeps_the_cuda_path_of_the_survivors(world_size):
     assert_clean([r for r in results if r is not None], minimum=3)
 
 
-# ---- GPU: the cases of the NCCL review (issue 14) --------------------------------------------
+# ---- GPU: the cases of the NCCL review -------------------------------------------------------
 
 @needs_cuda
 @pytest.mark.parametrize("world_size", [1, 2])

@@ -1,4 +1,4 @@
-"""The NCCL path's decisions, tested without a GPU (issue 14).
+"""The NCCL path's decisions, tested without a GPU.
 
 csrc/cuda/rules/nccl_rules.hpp holds every decision of the CUDA path that does not need CUDA:
 which ranks share a GPU and whether NCCL serves them, when float8 may be reduced, how set-up keys

@@ -1,7 +1,7 @@
 """A live rank that leaves a group (abort(), a failure it saw, destroy_process_group) while its peers
 wait for it: every peer raises a DistBackendError naming it within 2 s, as with a full mesh at
 init, also when the pairs connect on demand (the default past 16 ranks on a host), where no socket
-between the two may exist to close (issue 41, item 1). Shared memory says it through the rank's
+between the two may exist to close. Shared memory says it through the rank's
 `departed` word (csrc/cpu/shm/shm_group.hpp); TCP on demand through the closed listener."""
 
 import pytest

@@ -67,7 +67,7 @@ def test_a_forked_child_cannot_use_the_group_and_leaves_the_parents_intact(trans
 
 
 def test_a_child_forked_while_a_pair_connects_on_demand_holds_none_of_its_sockets():
-    """Issue 41, item 5: sockets made on demand are registered with the fork guard when they are
+    """Sockets made on demand are registered with the fork guard when they are
     created (socket(), accept4()), not after the handshake: a child forked during the handshake
     (each side holds its hello a second, DDPLITE_TEST_HOOKS=tcp_hello_delay) holds none of them,
     else it would keep the connection open after its rank died."""

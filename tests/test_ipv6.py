@@ -1,4 +1,4 @@
-"""IPv6 and dual stack (issue 29, item 4).
+"""IPv6 and dual stack.
 
 On this host: 2 and 4 ranks whose store is ``tcp://[::1]:PORT`` or env:// with ``MASTER_ADDR=::1``,
 on the default path (shared memory) and over TCP (``DDPLITE_CPU_TRANSPORT=tcp``). The ranks listen

@@ -1,14 +1,27 @@
-"""The layers of csrc/ (README, "Layout"): the transports know nothing of the algorithms or the
-backend above them. transport/fingerprint.cpp once included cpu/algorithms/selector to name
-algorithms in messages; the algorithm layer now registers the names with it instead (that the
-names still reach the messages: tests/test_mismatch.py, "algorithm: ring here, butterfly at the
-peer")."""
+"""The layers of csrc/ (docs/architecture.md, "The parts"), as one-way rules on #include:
+
+    backend/  ->  cpu/cpu_path, cpu/collectives  ->  cpu/hierarchy/  ->  cpu/shm/  ->  cpu/transport/
+                                                    cpu/p2p/       ->  cpu/shm/, cpu/transport/
+
+* the transports know nothing of the algorithms or of anything above them (transport/fingerprint.cpp
+  once included cpu/algorithms/selector to name algorithms in messages; the algorithm layer now
+  registers the names with it instead: tests/test_mismatch.py, "algorithm: ring here, butterfly at
+  the peer");
+* shared memory (cpu/shm/) is one host only: it never includes the hierarchy across hosts nor the
+  send/recv part;
+* the hierarchy across hosts (cpu/hierarchy/) may use shm and the transports, never send/recv;
+* send/recv (cpu/p2p/) may use shm and the transports, never the hierarchy or the collectives;
+* the backend includes none of shm, hierarchy or the transports' implementations: it talks to the
+  CPU path object, the collectives run on it, and the send/recv engine's API.
+"""
 
 import os
 import re
+import sys
+
+import pytest
 
 CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
-ABOVE_THE_TRANSPORTS = ("cpu/algorithms/", "cpu/shm/", "cpu/collectives", "backend/", "cuda/")
 
 
 def includes(path):
@@ -16,25 +29,68 @@ def includes(path):
         return re.findall(r'^#include "([^"]+)"', source.read(), re.MULTILINE)
 
 
-def test_transports_include_nothing_above_them():
-    folder = os.path.join(CSRC, "cpu", "transport")
-    offending = [(name, included) for name in sorted(os.listdir(folder))
-                 for included in includes(os.path.join(folder, name)) if included.startswith(ABOVE_THE_TRANSPORTS)]
-    assert offending == []
+def offending_includes(folder, is_forbidden):
+    """(file, include) for every #include of a file under csrc/<folder> that is_forbidden(include)."""
+    root = os.path.join(CSRC, folder)
+    found = []
+    for directory, _, names in os.walk(root):
+        for name in sorted(names):
+            path = os.path.join(directory, name)
+            found += [(os.path.relpath(path, CSRC), included) for included in includes(path) if is_forbidden(included)]
+    return found
 
+
+ABOVE_THE_TRANSPORTS = ("cpu/algorithms/", "cpu/shm/", "cpu/hierarchy/", "cpu/p2p/", "cpu/collectives", "cpu/cpu_path",
+                        "backend/", "cuda/")
+ABOVE_SHM = ("cpu/hierarchy/", "cpu/p2p/", "cpu/collectives", "cpu/cpu_path", "cpu/mpi_collectives", "backend/", "cuda/")
+ABOVE_HIERARCHY = ("cpu/p2p/", "cpu/collectives", "cpu/cpu_path", "backend/", "cuda/")
+ABOVE_P2P = ("cpu/hierarchy/", "cpu/algorithms/", "cpu/collectives", "cpu/cpu_path", "backend/", "cuda/")
+
+RULES = {
+    "cpu/transport": ABOVE_THE_TRANSPORTS,
+    "cpu/shm": ABOVE_SHM,
+    "cpu/hierarchy": ABOVE_HIERARCHY,
+    "cpu/p2p": ABOVE_P2P,
+}
+
+
+@pytest.mark.parametrize("folder", sorted(RULES))
+def test_each_part_includes_nothing_above_it(folder):
+    assert offending_includes(folder, lambda included: included.startswith(RULES[folder])) == []
 
 
 # What the backend may include from cpu/: the CPU path object (which owns the transports, the
 # segments or the hierarchy, MPI's collectives and the send/recv engine), the collectives it runs
-# on it, the engine's API, the algorithm selector (pins), the reduction kernels, and the transport
-# interface for its error and deadline types. Not a transport, a segment or a hierarchy itself.
-BACKEND_MAY_INCLUDE = ("cpu/cpu_path.hpp", "cpu/collectives.hpp", "cpu/p2p_engine.hpp", "cpu/algorithms/",
+# on it, the send/recv engine's API (not its links or channels), the algorithm selector (pins), the
+# reduction kernels, and the transport interface for its error and deadline types. Not a
+# transport, a segment or a hierarchy itself.
+BACKEND_MAY_INCLUDE = ("cpu/cpu_path.hpp", "cpu/collectives.hpp", "cpu/p2p/p2p_engine.hpp", "cpu/algorithms/",
                        "cpu/reduce/", "cpu/transport/transport.hpp")
 
 
 def test_the_backend_talks_to_the_cpu_path_only():
-    folder = os.path.join(CSRC, "backend")
-    offending = [(name, included) for name in sorted(os.listdir(folder))
-                 for included in includes(os.path.join(folder, name))
-                 if included.startswith("cpu/") and not included.startswith(BACKEND_MAY_INCLUDE)]
-    assert offending == []
+    assert offending_includes("backend", lambda included: included.startswith("cpu/")
+                              and not included.startswith(BACKEND_MAY_INCLUDE)) == []
+
+
+def test_the_rules_see_every_part():
+    # A part renamed or emptied would make its rule vacuous: each folder holds sources with includes.
+    for folder in [*RULES, "backend"]:
+        root = os.path.join(CSRC, folder)
+        sources = [name for name in os.listdir(root) if name.endswith((".cpp", ".hpp"))]
+        assert sources and any(includes(os.path.join(root, name)) for name in sources), folder
+    # and each forbidden prefix names a part that exists
+    for prefixes in RULES.values():
+        for prefix in prefixes:
+            parent, _, stem = prefix.rstrip("/").rpartition("/")
+            assert any(name.startswith(stem) for name in os.listdir(os.path.join(CSRC, parent))), prefix
+
+
+def test_the_rules_catch_an_include_that_goes_up(tmp_path, monkeypatch):
+    # The checker itself: a shm file that includes the hierarchy is reported.
+    fake = tmp_path / "cpu" / "shm"
+    fake.mkdir(parents=True)
+    (fake / "segment.cpp").write_text('#include "cpu/shm/segment.hpp"\n#include "cpu/hierarchy/host_hierarchy.hpp"\n')
+    monkeypatch.setattr(sys.modules[__name__], "CSRC", str(tmp_path))
+    assert offending_includes("cpu/shm", lambda included: included.startswith(ABOVE_SHM)) == [
+        (os.path.join("cpu", "shm", "segment.cpp"), "cpu/hierarchy/host_hierarchy.hpp")]

@@ -1,4 +1,4 @@
-"""Correctness with many ranks on one host (issue 27): at 24 ranks in CI (float32), at 24, 32, 48
+"""Correctness with many ranks on one host: at 24 ranks in CI (float32), at 24, 32, 48
 and 64 under `bash scripts/test.sh -m exhaustive -k many_ranks` (int32, float64), on shared memory and on TCP, every collective (each algorithm pinned, then the automatic
 choice) against the closed form and gloo on the same inputs, counts 0, 1, an odd count and one
 past a few chunks; a barrier that waits for a late first or last rank; send/recv between every

@@ -455,7 +455,7 @@ def test_hierarchical_all_gather_places_every_block_in_layouts_that_are_not_host
     """The hierarchical all_gather stages blocks host-major (a slot of M blocks per host) and then
     puts them in rank order; reduce_scatter stages the same way. In layouts where host-major is not
     rank order (a host with fewer ranks than another first: 0 | 1,2; hosts interleaved: 0,2 | 1,3)
-    every block must land in its rank's place (issue 41: this was exercised only by a shrink test),
+    every block must land in its rank's place (this used to be exercised only by a shrink test),
     at 0, 1, 3, 1000 and 70,001 elements."""
     network = hosts(max(layout) + 1)
     url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
@@ -597,7 +597,7 @@ def test_refused_call_then_a_late_leader_is_no_mismatch(hosts):
     1's leader (rank 2) enters the next all_reduce half a second late, so host 0's leader's first
     message for it already waits on its socket. That message belongs to the new op, not to the
     refused one: the all_reduce must give the sum on every rank (it raised a collective mismatch
-    before issue 30's fix)."""
+    before the fix)."""
     network = hosts(2)
     url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
     env = host_environment("eth0")

@@ -1,4 +1,4 @@
-"""What users see of ddplite (issue 29): torch.profiler spans, Work._get_duration and the flight
+"""What users see of ddplite: torch.profiler spans, Work._get_duration and the flight
 recorder's times, thread names, and pg_options honoured or refused. gloo is the oracle where it
 has the feature (its profiler spans); closed forms elsewhere."""
 
@@ -85,7 +85,7 @@ def test_durations_are_positive_bounded_by_wall_time_and_in_the_flight_recorder(
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_every_thread_ddplite_starts_is_named(world_size, transport):
-    """Every thread is named, and their number does not grow with the group (issue 27): send/recv
+    """Every thread is named, and their number does not grow with the group: send/recv
     to every peer run on one pump, ddplite-p2p-shm in a group on one host, ddplite-p2p-tcp over
     TCP; no thread per peer."""
     results = run_ranks(ow.thread_names, world_size, _store_path(), backend=None,

@@ -1,4 +1,4 @@
-"""Connections on demand (DDPLITE_CONNECT, csrc/cpu/transport/tcp_on_demand.cpp; issue 27): a
+"""Connections on demand (DDPLITE_CONNECT, csrc/cpu/transport/tcp_on_demand.cpp): a
 rank connects only to the peers it talks to, at the first transfer, and a peer that is gone is
 reported, not waited for. Correctness on demand across every collective is in
 tests/test_many_ranks.py (5 ranks, with and without authentication; 24 ranks by default),
@@ -83,7 +83,7 @@ def test_a_recv_from_a_peer_killed_before_it_ever_connected_fails_within_seconds
 
 
 def test_a_wait_for_a_peer_s_unpublished_address_ends_with_destroy():
-    """Issue 41, item 4: a pair's first connect reads the peer's address from the store, bounded by
+    """A pair's first connect reads the peer's address from the store, bounded by
     the transfer's deadline and abort(), not by the store's timeout. Rank 2's send/recv address is
     missing (as if it had died during init); rank 1's pump waits for it for a posted recv; rank 1's
     destroy_process_group must then return at once (it used to wait out the store's 60 s)."""

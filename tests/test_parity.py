@@ -247,7 +247,7 @@ def test_coalesced_work_of_other_works_asks_each_part():
 def test_barrier_with_device_ids_on_a_cpu_group_is_a_cpu_barrier_as_on_gloo(env):
     """barrier(device_ids=[rank]) and (device_ids=[0]) on a CPU group (Accelerate's
     wait_for_everyone() on CPU): a CPU barrier that waits for the late rank, as gloo's; it used to
-    go to CUDA whenever the CUDA part was built, and fail without a GPU (issue 41, item 8)."""
+    go to CUDA whenever the CUDA part was built, and fail without a GPU."""
     gloo = run_ranks(pw.barrier_with_device_ids, 2, backend="gloo", env=env)
     ours = run_ranks(pw.barrier_with_device_ids, 2, backend="ddplite", env=env)
     for rank in range(2):

@@ -1,4 +1,4 @@
-"""Issue 27: per-rank costs that do not grow with the group or with time. Figures (threads, fds,
+"""Per-rank costs that do not grow with the group or with time. Figures (threads, fds,
 latency at 8-64 ranks against gloo) are benchmarks: scripts/scale_probe.py, docs/scale.md."""
 
 import os
@@ -50,7 +50,7 @@ def test_running_out_of_descriptors_is_a_clear_error_on_every_rank():
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_set_up_store_traffic_of_a_rank_does_not_grow_with_the_group(transport, tmp_path):
-    """Issue 27: a rank other than 0 makes about the same number of store requests at 3 and 9 ranks, of
+    """A rank other than 0 makes about the same number of store requests at 3 and 9 ranks, of
     about the same bytes (key names grow by a digit), with connections on demand: rank 0 alone reads
     every rank's host identity and publishes the layout; readiness and reports are barriers through
     a counter, not a read of every rank's key."""

@@ -1,4 +1,4 @@
-"""The shared-memory path under a review's cases (issue 30): each test drives the state in which a
+"""The shared-memory path under a review's cases: each test drives the state in which a
 defect showed, and failed before its fix.
 
 * a rank that leaves a collective part-way (an exception between two steps) breaks the group on

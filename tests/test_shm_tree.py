@@ -108,7 +108,7 @@ def test_abort_fails_the_aborting_rank_s_pending_and_later_ops():
 def test_abort_wakes_the_peers_waiting_in_the_tree(connect):
     """Rank 0 aborts while ranks 1 and 2 wait for it in the tree, and stays alive: they raise within
     2 s naming rank 0 and its abort (not at the 30 s timeout), whether the TCP mesh connected the
-    pairs at init (its sockets close) or on demand (no socket: the segment says it, issue 41)."""
+    pairs at init (its sockets close) or on demand (no socket: the segment says it)."""
     results = run_ranks(shm_workers.abort_while_peers_wait_in_the_tree, 3, env=dict(TREE, DDPLITE_CONNECT=connect),
                         pg_timeout_s=30)
     aborted_at = results[0]["aborted_at"]
@@ -158,7 +158,7 @@ def test_rank_dying_between_its_flag_and_its_arrival_is_named_within_seconds():
 def test_a_peer_that_left_after_its_arrival_is_not_reported_as_dead():
     """Every flag of a reduce's step is stored, the root waits for the tree, and a non-root that
     already arrived leaves (destroy, exit) while another still climbs: the root gets its sum
-    (issue 41, item 6; it used to raise that the departed rank's arrival never reached the group)."""
+    (it used to raise that the departed rank's arrival never reached the group)."""
     env = dict(TREE, DDPLITE_TEST_HOOKS="shm_delay_arrival=1:2:1000")
     results = run_ranks(shm_workers.peer_leaves_after_its_arrival, 3, env=env, pg_timeout_s=60, timeout_s=120)
     assert results[0]["sum"] == [6.0] * 5, results[0]

@@ -1,5 +1,5 @@
 """torch.distributed.shrink_group on ddplite groups: the survivors of a killed (or hung) rank form
-a smaller group in place and carry on with correct values (issue 28)."""
+a smaller group in place and carry on with correct values."""
 
 import pytest
 import torch
@@ -73,7 +73,7 @@ def test_survivors_that_disagree_about_who_is_gone_raise_and_say_so():
 
 
 def test_a_survivor_that_comes_after_the_others_gave_up_raises_at_once_and_both_retry():
-    """One decision per shrink (issue 41, item 3): rank 0 gives up on rank 1 at the group's
+    """One decision per shrink: rank 0 gives up on rank 1 at the group's
     timeout; rank 1, 2 s later, finds that decision and raises within seconds instead of blocking
     in a new group nobody else joins. The retry carries the same shrink number on both and works."""
     timeout_s = 4

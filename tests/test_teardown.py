@@ -1,4 +1,4 @@
-"""Teardown never hangs and never aborts (issue 30): the quick slice of scripts/teardown_soak.py.
+"""Teardown never hangs and never aborts: the quick slice of scripts/teardown_soak.py.
 
 Every layout the soak rotates through, once (2-4 ranks; shared memory and TCP; destroy and no
 destroy; ranks forked from the preloaded forkserver), plus two runs of fresh interpreters that
@@ -7,8 +7,9 @@ ones: 2 s beyond a bare interpreter's exit, measured beside them), with
 exit code 0 and no "terminate called" on stderr, its ops' results right. A rank still alive 10 s
 after its ops is a hang: the failure carries its native stacks (gdb). After destroy_process_group
 on every rank, every rank's ~FileStore ran to its end on a thread the exit did not cut short, as
-the store file's counters show (the file itself can stay: torch's own race, as with gloo) (one cut short leaves half an entry, on which the
-other ranks' FileStore reads spin for ever: the CI hang of stops 35 and 36)."""
+the store file's counters show (the file itself can stay: torch's own race, as with gloo) (one cut
+short leaves half an entry, on which the other ranks' FileStore reads spin for ever: a hang CI
+has seen)."""
 
 import os
 

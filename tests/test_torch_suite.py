@@ -1,4 +1,4 @@
-"""CI's slice of PyTorch's own distributed test suite run against ddplite (issue 15). The full
+"""CI's slice of PyTorch's own distributed test suite run against ddplite. The full
 comparison with gloo, every test of DistributedTest._DistTestBase on both backends, is
 scripts/torch_suite.py; its latest result is in docs/parity.md, and every test below passes on
 gloo there. Each test here must pass on ddplite, and must have run on ddplite on every rank (the

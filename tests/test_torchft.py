@@ -1,8 +1,8 @@
-"""torchft on ddplite (issue 28): ProcessGroupDdplite serves every collective torchft calls through
+"""torchft on ddplite: ProcessGroupDdplite serves every collective torchft calls through
 reconfigurations, records a dead peer's error for the Manager instead of raising, and torchft's
 Manager trains two replica groups on it, healing a killed-and-restarted one (the example's --torchft
 mode), with torchft's own ProcessGroupGloo as the oracle. torchft's own tests of its gloo group and
-of its Manager run on ProcessGroupDdplite too, gloo as the oracle (issue 41, item 9)."""
+of its Manager run on ProcessGroupDdplite too, gloo as the oracle."""
 
 import os
 import re

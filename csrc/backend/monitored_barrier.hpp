@@ -20,7 +20,7 @@
 #pragma once
 
 #include "common/errors.hpp"
-#include "cpu/p2p_engine.hpp"
+#include "cpu/p2p/p2p_engine.hpp"
 
 #include <chrono>
 #include <climits>

@@ -1,5 +1,6 @@
 #include "cpu/collectives.hpp"
 
+#include "cpu/hierarchy/hierarchical_algorithms.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
 
 #include "common/errors.hpp"
@@ -219,12 +220,12 @@ void runAcrossHosts(const CpuContext& ctx, Collective collective, const Algorith
                     const Fingerprint& fingerprint, size_t bufferBytes) {
   HostHierarchy& hosts = *ctx.hosts;
   switch (collective) {
-    case Collective::kAllreduce: return shm::allreduceAcrossHosts(hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
-    case Collective::kBroadcast: return shm::broadcastAcrossHosts(hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
-    case Collective::kReduce: return shm::reduceAcrossHosts(hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
-    case Collective::kAllgather: return shm::allgatherAcrossHosts(hosts, args, fingerprint, ctx.refusedSeq);
-    case Collective::kReduceScatter: return shm::reduceScatterAcrossHosts(hosts, args, fingerprint, ctx.refusedSeq);
-    case Collective::kBarrier: return shm::barrierAcrossHosts(hosts, args, fingerprint, ctx.refusedSeq);
+    case Collective::kAllreduce: return hierarchy::allreduceAcrossHosts(hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
+    case Collective::kBroadcast: return hierarchy::broadcastAcrossHosts(hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
+    case Collective::kReduce: return hierarchy::reduceAcrossHosts(hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
+    case Collective::kAllgather: return hierarchy::allgatherAcrossHosts(hosts, args, fingerprint, ctx.refusedSeq);
+    case Collective::kReduceScatter: return hierarchy::reduceScatterAcrossHosts(hosts, args, fingerprint, ctx.refusedSeq);
+    case Collective::kBarrier: return hierarchy::barrierAcrossHosts(hosts, args, fingerprint, ctx.refusedSeq);
   }
 }
 
@@ -298,11 +299,11 @@ void exchangeVia(const CpuContext& ctx, const ExchangeArgs& args, WireKind kind,
     throwIfPeersSentOverTcp(ctx, hierarchical);
     if (ctx.algorithm != nullptr) *ctx.algorithm = "hierarchical";  // the flight recorder's name for it
     if (kind == WireKind::kGather) {
-      shm::gatherAcrossHosts(*ctx.hosts, args, ctx.scratch, hierarchical, ctx.refusedSeq);
+      hierarchy::gatherAcrossHosts(*ctx.hosts, args, ctx.scratch, hierarchical, ctx.refusedSeq);
     } else if (kind == WireKind::kScatter) {
-      shm::scatterAcrossHosts(*ctx.hosts, args, ctx.scratch, hierarchical, ctx.refusedSeq);
+      hierarchy::scatterAcrossHosts(*ctx.hosts, args, ctx.scratch, hierarchical, ctx.refusedSeq);
     } else {
-      shm::alltoallAcrossHosts(*ctx.hosts, args, hierarchical, ctx.refusedSeq);
+      hierarchy::alltoallAcrossHosts(*ctx.hosts, args, hierarchical, ctx.refusedSeq);
     }
     return;
   }

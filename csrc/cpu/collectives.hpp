@@ -9,7 +9,7 @@
 #include "common/errors.hpp"
 #include "cpu/algorithms/algorithm.hpp"
 #include "cpu/mpi_collectives.hpp"
-#include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/hierarchy/host_hierarchy.hpp"
 #include "cpu/shm/shm_group.hpp"
 
 #include <ATen/ATen.h>
@@ -37,7 +37,7 @@ struct CpuContext {
   uint64_t refusedSeq = 0;
   // The group's reduction kernels (fixed when it was created: DDPLITE_CPU_KERNELS).
   const KernelSet* kernels = nullptr;
-  // Set when the group spans hosts and some share one (cpu/shm/host_hierarchy.hpp): every
+  // Set when the group spans hosts and some share one (cpu/hierarchy/host_hierarchy.hpp): every
   // collective but all_to_all runs hierarchically (all_to_all, and any collective with a pinned
   // algorithm, over `transport`, announced in the host's segment).
   HostHierarchy* hosts = nullptr;

@@ -5,7 +5,7 @@
 // ranks on one host, "<host>x<ranks>" joined by ','. Hosts are numbered in the order of their
 // lowest rank. The other ranks read that one key. So a rank other than 0 sends and receives
 // O(runs) bytes: O(hosts) for the usual layout of consecutive ranks per host, at any group size,
-// where reading every rank's identity cost each of P ranks P identities (issue 27: 24.6 GB for
+// where reading every rank's identity cost each of P ranks P identities (24.6 GB for
 // the whole job at 8,192 ranks). Rank 0 reads O(P), as NCCL's bootstrap root does.
 #pragma once
 

@@ -16,10 +16,6 @@
 #include <cstring>
 #include <vector>
 
-namespace ddplite::cpu {
-class HostHierarchy;
-}  // namespace ddplite::cpu
-
 namespace ddplite::cpu::shm {
 
 // out[0, count) = the elements at byte `offset` of every rank's buffer for `step`, reduced in rank
@@ -32,8 +28,9 @@ inline void reduceInRankOrder(const ShmGroup& group, const AlgorithmArgs& args, 
   args.reduceMany(out, sources.data(), group.size(), count);
 }
 
-// `fingerprint` as its parts inside a host's segment name it (the path "shm"): the hierarchical
-// collectives fingerprint their segment steps so, and their leaders' part with the TCP algorithm.
+// `fingerprint` as its parts inside a host's segment name it (the path "shm"): the collectives
+// across hosts (cpu/hierarchy/) fingerprint their segment steps so, and their leaders' part with
+// the TCP algorithm.
 inline Fingerprint segmentPartOf(Fingerprint fingerprint) {
   fingerprint.algorithm = kShmAlgorithmIndex;
   fingerprint.algorithmName = "shm";
@@ -80,38 +77,6 @@ struct ExchangeBlocks {
   }
 };
 void exchangeBlocks(ShmGroup& group, const ExchangeBlocks& blocks, Deadline deadline);  // exchange.cpp
-// all_reduce of a group across hosts (allreduce_hierarchical.cpp). `fingerprint`: the op's, as
-// on TCP; `bufferBytes` as in selectAlgorithm; `refusedSeq` as in ShmGroup::beginCollective.
-void allreduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
-                          size_t bufferBytes, uint64_t refusedSeq);
-// broadcast of a group across hosts (broadcast_hierarchical.cpp), arguments as above; args.root
-// is the group's rank.
-void broadcastAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
-                          size_t bufferBytes, uint64_t refusedSeq);
-// reduce, all_gather, reduce_scatter and barrier of a group across hosts (*_hierarchical.cpp),
-// arguments as above (args.root of reduce is the group's rank; all_gather and reduce_scatter take
-// P blocks rank-major, as on TCP).
-void reduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
-                       size_t bufferBytes, uint64_t refusedSeq);
-void allgatherAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
-                          uint64_t refusedSeq);
-void reduceScatterAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
-                              uint64_t refusedSeq);
-void barrierAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
-                        uint64_t refusedSeq);
-// gather and scatter of a group across hosts (gather_hierarchical.cpp, scatter_hierarchical.cpp):
-// P blocks of equal size (gather: sendSpans[0].bytes; scatter: recvSpans[0].bytes), the root's
-// rank-major, as cpu::gather and cpu::scatter build them; args.root is the group's rank and
-// args.transport is not used. `scratch` backs the AlgorithmArgs of the segment's steps.
-void gatherAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& scratch,
-                       const Fingerprint& fingerprint, uint64_t refusedSeq);
-void scatterAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& scratch,
-                        const Fingerprint& fingerprint, uint64_t refusedSeq);
-// all_to_all of a group across hosts (alltoall_hierarchical.cpp), when the hierarchy says
-// alltoallThroughProxies(): uneven spans as on TCP; args.transport is the group's TCP mesh, which
-// one rank per pair of hosts uses.
-void alltoallAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, const Fingerprint& fingerprint,
-                         uint64_t refusedSeq);
 void exchange(ShmGroup& group, const ExchangeArgs& args, WireKind kind);  // exchange.cpp
 
 }  // namespace ddplite::cpu::shm

@@ -19,16 +19,16 @@
 //
 // Cost: memory, as a reduce of H*M*B bytes on L ranks plus a broadcast of L*B; network: only the
 // leaders send, (H-1)*M*B each with a ring, instead of (P-1)*B by every one of the P ranks.
-#include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/hierarchy/hierarchical_algorithms.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
 
 #include <cstring>
 
-namespace ddplite::cpu::shm {
+namespace ddplite::cpu::hierarchy {
 
 void reduceScatterAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                               uint64_t refusedSeq) {
-  const Fingerprint local = segmentPartOf(fingerprint);
+  const Fingerprint local = shm::segmentPartOf(fingerprint);
   const size_t block = args.count * args.elementSize;
   const size_t perHost = static_cast<size_t>(hosts.maxRanksPerHost());
   const size_t slot = perHost * block;
@@ -51,7 +51,7 @@ void reduceScatterAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, c
     toLeader.data = staged;
     toLeader.count = args.count * perHost * slots;
     group->beginCollective(local, refusedSeq);
-    reduce(*group, toLeader);
+    shm::reduce(*group, toLeader);
   }
   char* mySlot = staged + static_cast<size_t>(hosts.myHost()) * slot;
   if (hosts.leaders() != nullptr) {
@@ -66,7 +66,7 @@ void reduceScatterAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, c
     fromLeader.data = mySlot;
     fromLeader.count = args.count * hosts.localRanks().size();
     group->beginCollective(local, refusedSeq);
-    broadcast(*group, fromLeader);
+    shm::broadcast(*group, fromLeader);
     group->endCollective();
   }
   const int rank = hosts.rank();
@@ -75,4 +75,4 @@ void reduceScatterAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, c
   }
 }
 
-}  // namespace ddplite::cpu::shm
+}  // namespace ddplite::cpu::hierarchy

@@ -1,8 +1,8 @@
-#include "cpu/p2p_links.hpp"
+#include "cpu/p2p/p2p_links.hpp"
 
 #include "common/errors.hpp"
 #include "common/fd_limits.hpp"
-#include "cpu/shm/channels.hpp"
+#include "cpu/p2p/channels.hpp"
 #include "cpu/transport/tcp.hpp"
 
 #include <poll.h>

@@ -9,25 +9,25 @@
 //
 // Cost: 2 synchronisations in shared memory, and ceil(log2(H)) message rounds between the leaders
 // instead of ceil(log2(P)) among all P ranks.
-#include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/hierarchy/hierarchical_algorithms.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
 
-namespace ddplite::cpu::shm {
+namespace ddplite::cpu::hierarchy {
 
 void barrierAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                         uint64_t refusedSeq) {
-  const Fingerprint local = segmentPartOf(fingerprint);
+  const Fingerprint local = shm::segmentPartOf(fingerprint);
   ShmGroup* group = hosts.local();
   if (group != nullptr) {
     group->beginCollective(local, refusedSeq);
-    barrier(*group, args);
+    shm::barrier(*group, args);
   }
   if (hosts.leaders() != nullptr) hosts.runAmongLeaders(Collective::kBarrier, args, fingerprint, 0, 0);
   if (group != nullptr) {
     group->beginCollective(local, refusedSeq);
-    barrier(*group, args);
+    shm::barrier(*group, args);
     group->endCollective();
   }
 }
 
-}  // namespace ddplite::cpu::shm
+}  // namespace ddplite::cpu::hierarchy

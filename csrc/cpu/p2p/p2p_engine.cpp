@@ -1,4 +1,4 @@
-#include "cpu/p2p_engine.hpp"
+#include "cpu/p2p/p2p_engine.hpp"
 
 #include "common/errors.hpp"
 #include "common/logging.hpp"

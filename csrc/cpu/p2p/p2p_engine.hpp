@@ -18,7 +18,7 @@
 // liveness every 100 ms. Completions run on the pumps, outside the engine's lock.
 #pragma once
 
-#include "cpu/p2p_links.hpp"
+#include "cpu/p2p/p2p_links.hpp"
 #include "cpu/transport/transport.hpp"
 
 #include <ATen/ATen.h>

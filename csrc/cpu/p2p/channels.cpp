@@ -1,4 +1,4 @@
-#include "cpu/shm/channels.hpp"
+#include "cpu/p2p/channels.hpp"
 
 #include "common/errors.hpp"
 #include "common/process_identity.hpp"

@@ -19,16 +19,16 @@
 //
 // Cost: memory, L*B per rank of a host, and H*M*B per rank of h when R does not lead it. Network:
 // H-1 messages of L*B into h's leader, instead of P-1 messages of B into R.
-#include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/hierarchy/hierarchical_algorithms.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
 
 #include <cstring>
 
-namespace ddplite::cpu::shm {
+namespace ddplite::cpu::hierarchy {
 
 void gatherAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& scratch,
                        const Fingerprint& fingerprint, uint64_t refusedSeq) {
-  const Fingerprint local = segmentPartOf(fingerprint);
+  const Fingerprint local = shm::segmentPartOf(fingerprint);
   const int rank = hosts.rank();
   const size_t block = args.sendSpans.at(static_cast<size_t>(args.root)).bytes;
   const size_t slot = hosts.slotBytes(block);
@@ -49,7 +49,7 @@ void gatherAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& 
   ShmGroup* group = hosts.local();
   if (group != nullptr) {
     group->beginCollective(local, refusedSeq);
-    allgather(*group, onHost(mySlot, block, 0));  // L blocks of B, in host order
+    shm::allgather(*group, onHost(mySlot, block, 0));  // L blocks of B, in host order
   }
   if (hosts.leaders() != nullptr) {
     Transport& leaders = hosts.beginAmongLeaders(fingerprint, rootHost);
@@ -65,7 +65,7 @@ void gatherAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& 
   }
   if (group != nullptr && hosts.myHost() == rootHost && hosts.indexOnHost(args.root) != 0) {
     group->beginCollective(local, refusedSeq);
-    broadcast(*group, onHost(staged, slots * slot, 0));
+    shm::broadcast(*group, onHost(staged, slots * slot, 0));
   }
   if (group != nullptr) group->endCollective();  // open from the first local step (collectiveOpen)
   if (!isRoot || inPlace || block == 0) return;
@@ -75,4 +75,4 @@ void gatherAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& 
   }
 }
 
-}  // namespace ddplite::cpu::shm
+}  // namespace ddplite::cpu::hierarchy

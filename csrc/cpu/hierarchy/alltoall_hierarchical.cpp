@@ -34,14 +34,14 @@
 // largest transfer of the step in slots of C/L bytes (16P bytes per rank in step 1, a package of
 // about B/L in steps 2 and 4).
 #include "common/errors.hpp"
-#include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/hierarchy/hierarchical_algorithms.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-namespace ddplite::cpu::shm {
+namespace ddplite::cpu::hierarchy {
 
 namespace {
 
@@ -107,8 +107,8 @@ class AlltoallAcrossHosts {
   }
 
   // Step 2: the blocks between this host's ranks, and the packages for their proxies.
-  ExchangeBlocks packagesAndOwnBlocks() {
-    ExchangeBlocks blocks;
+  shm::ExchangeBlocks packagesAndOwnBlocks() {
+    shm::ExchangeBlocks blocks;
     blocks.resize(local_);
     for (int j = 0; j < local_; ++j) {
       if (j == me_) continue;
@@ -164,8 +164,8 @@ class AlltoallAcrossHosts {
   }
 
   // Step 4: to each other local rank, its blocks from R_me; from each, this rank's from R_j.
-  ExchangeBlocks deliveries() {
-    ExchangeBlocks blocks;
+  shm::ExchangeBlocks deliveries() {
+    shm::ExchangeBlocks blocks;
     blocks.resize(local_);
     for (int j = 0; j < local_; ++j) {
       if (j == me_) continue;
@@ -394,22 +394,22 @@ void alltoallAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, const F
   }
   ShmGroup* group = hosts.local();
   if (group != nullptr) {  // step 1
-    group->beginCollective(segmentPartOf(fingerprint), refusedSeq);
+    group->beginCollective(shm::segmentPartOf(fingerprint), refusedSeq);
     Scratch unused;  // allgather through the segment needs no scratch
-    allgather(*group, AlgorithmArgs{args.transport, args.deadline, unused, rows.data(), rows.rowBytes(), 1});
+    shm::allgather(*group, AlgorithmArgs{args.transport, args.deadline, unused, rows.data(), rows.rowBytes(), 1});
     checkLocalSplits(hosts, rows);
   }
   AlltoallAcrossHosts part(hosts, args, rows);
   if (group != nullptr) {  // step 2
-    exchangeBlocks(*group, part.packagesAndOwnBlocks(), args.deadline);
+    shm::exchangeBlocks(*group, part.packagesAndOwnBlocks(), args.deadline);
     part.takeOwnBlocks();
   }
   part.exchangeWithProxies(fingerprint);  // step 3
   if (group != nullptr) {                 // step 4
-    exchangeBlocks(*group, part.deliveries(), args.deadline);
+    shm::exchangeBlocks(*group, part.deliveries(), args.deadline);
     group->endCollective();  // open from step 1 (collectiveOpen)
     part.takeDeliveries();
   }
 }
 
-}  // namespace ddplite::cpu::shm
+}  // namespace ddplite::cpu::hierarchy

@@ -18,16 +18,16 @@
 //
 // Cost: memory, L*B + H*M*B per rank; network: only the leaders send, (H-1)*M*B each with a ring,
 // instead of (P-1)*B by every one of the P ranks.
-#include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/hierarchy/hierarchical_algorithms.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
 
 #include <cstring>
 
-namespace ddplite::cpu::shm {
+namespace ddplite::cpu::hierarchy {
 
 void allgatherAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                           uint64_t refusedSeq) {
-  const Fingerprint local = segmentPartOf(fingerprint);
+  const Fingerprint local = shm::segmentPartOf(fingerprint);
   const size_t block = args.count * args.elementSize;
   const size_t slot = hosts.slotBytes(block);
   const size_t slots = static_cast<size_t>(hosts.hosts());
@@ -43,7 +43,7 @@ void allgatherAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const
     AlgorithmArgs onHost = args;
     onHost.data = mySlot;  // L blocks in host order
     group->beginCollective(local, refusedSeq);
-    allgather(*group, onHost);
+    shm::allgather(*group, onHost);
   }
   if (hosts.leaders() != nullptr) {
     AlgorithmArgs among = args;
@@ -57,7 +57,7 @@ void allgatherAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const
     fromLeader.data = staged;
     fromLeader.count = args.count * static_cast<size_t>(hosts.maxRanksPerHost()) * slots;
     group->beginCollective(local, refusedSeq);
-    broadcast(*group, fromLeader);
+    shm::broadcast(*group, fromLeader);
     group->endCollective();
   }
   if (block == 0 || inPlace) return;
@@ -69,4 +69,4 @@ void allgatherAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const
   }
 }
 
-}  // namespace ddplite::cpu::shm
+}  // namespace ddplite::cpu::hierarchy

@@ -15,28 +15,28 @@
 // W = 2S). Network: only the leaders send, each as the chosen algorithm on H ranks (ring:
 // 2(H-1)/H * S each way) instead of every rank as on P = L*H ranks; the loopback copies of the
 // ranks on one host disappear.
-#include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/hierarchy/hierarchical_algorithms.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
 
-namespace ddplite::cpu::shm {
+namespace ddplite::cpu::hierarchy {
 
 void allreduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                           size_t bufferBytes, uint64_t refusedSeq) {
-  const Fingerprint local = segmentPartOf(fingerprint);
+  const Fingerprint local = shm::segmentPartOf(fingerprint);
   if (ShmGroup* group = hosts.local()) {
     AlgorithmArgs toLeader = args;
     toLeader.root = 0;
     group->beginCollective(local, refusedSeq);
-    reduce(*group, toLeader);
+    shm::reduce(*group, toLeader);
   }
   if (hosts.leaders() != nullptr) hosts.runAmongLeaders(Collective::kAllreduce, args, fingerprint, bufferBytes, 0);
   if (ShmGroup* group = hosts.local()) {
     AlgorithmArgs fromLeader = args;
     fromLeader.root = 0;
     group->beginCollective(local, refusedSeq);
-    broadcast(*group, fromLeader);
+    shm::broadcast(*group, fromLeader);
     group->endCollective();  // open from the local reduce, across the leaders' part (collectiveOpen)
   }
 }
 
-}  // namespace ddplite::cpu::shm
+}  // namespace ddplite::cpu::hierarchy

@@ -15,28 +15,28 @@
 // Cost: memory, as reduce on L ranks (+ a broadcast on h when R does not lead it). Network: only
 // the leaders send, as the chosen algorithm on H ranks (a tree: log2(H) steps of S) instead of P =
 // L*H ranks; the loopback copies between the ranks of one host disappear.
-#include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/hierarchy/hierarchical_algorithms.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
 
-namespace ddplite::cpu::shm {
+namespace ddplite::cpu::hierarchy {
 
 void reduceAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                        size_t bufferBytes, uint64_t refusedSeq) {
-  const Fingerprint local = segmentPartOf(fingerprint);
+  const Fingerprint local = shm::segmentPartOf(fingerprint);
   const int rootHost = hosts.hostOf(args.root);
   ShmGroup* group = hosts.local();
   AlgorithmArgs onHost = args;
   onHost.root = 0;  // the host's leader
   if (group != nullptr) {
     group->beginCollective(local, refusedSeq);
-    reduce(*group, onHost);
+    shm::reduce(*group, onHost);
   }
   if (hosts.leaders() != nullptr) hosts.runAmongLeaders(Collective::kReduce, args, fingerprint, bufferBytes, rootHost);
   if (group != nullptr && hosts.myHost() == rootHost && hosts.indexOnHost(args.root) != 0) {
     group->beginCollective(local, refusedSeq);
-    broadcast(*group, onHost);
+    shm::broadcast(*group, onHost);
   }
   if (group != nullptr) group->endCollective();  // open from the local reduce (collectiveOpen)
 }
 
-}  // namespace ddplite::cpu::shm
+}  // namespace ddplite::cpu::hierarchy

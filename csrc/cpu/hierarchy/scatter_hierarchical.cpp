@@ -17,16 +17,16 @@
 //
 // Cost: memory, L*B per rank of a host, or H*M*B per rank of h when R does not lead it. Network:
 // H-1 messages of L*B out of h's leader, instead of P-1 messages of B out of R.
-#include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/hierarchy/hierarchical_algorithms.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
 
 #include <cstring>
 
-namespace ddplite::cpu::shm {
+namespace ddplite::cpu::hierarchy {
 
 void scatterAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch& scratch,
                         const Fingerprint& fingerprint, uint64_t refusedSeq) {
-  const Fingerprint local = segmentPartOf(fingerprint);
+  const Fingerprint local = shm::segmentPartOf(fingerprint);
   const int rank = hosts.rank();
   const size_t block = args.recvSpans.at(static_cast<size_t>(args.root)).bytes;
   const size_t slot = hosts.slotBytes(block);
@@ -53,7 +53,7 @@ void scatterAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch&
   const bool everySlotOnHost = onRootHost && !rootLeads;  // step 1 runs here
   if (group != nullptr && everySlotOnHost) {
     group->beginCollective(local, refusedSeq);
-    broadcast(*group, onHost(staged, slots * slot, hosts.indexOnHost(args.root)));
+    shm::broadcast(*group, onHost(staged, slots * slot, hosts.indexOnHost(args.root)));
   }
   if (hosts.leaders() != nullptr) {
     Transport& leaders = hosts.beginAmongLeaders(fingerprint, rootHost);
@@ -69,7 +69,7 @@ void scatterAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch&
   }
   if (group != nullptr && !everySlotOnHost) {
     group->beginCollective(local, refusedSeq);
-    broadcast(*group, onHost(mySlot, static_cast<size_t>(hosts.ranksOn(hosts.myHost())) * block, 0));
+    shm::broadcast(*group, onHost(mySlot, static_cast<size_t>(hosts.ranksOn(hosts.myHost())) * block, 0));
   }
   if (group != nullptr) group->endCollective();  // open from the first local step (collectiveOpen)
   if (block > 0) {
@@ -78,4 +78,4 @@ void scatterAcrossHosts(HostHierarchy& hosts, const ExchangeArgs& args, Scratch&
   }
 }
 
-}  // namespace ddplite::cpu::shm
+}  // namespace ddplite::cpu::hierarchy

@@ -1,4 +1,4 @@
-#include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/hierarchy/host_hierarchy.hpp"
 
 #include "common/env.hpp"
 #include "common/errors.hpp"

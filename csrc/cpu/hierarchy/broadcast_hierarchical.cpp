@@ -13,14 +13,14 @@
 // Cost: memory, as one broadcast on L ranks per host (R = W = S per rank). Network: only the
 // leaders send, as the chosen algorithm on H ranks instead of P = L*H (a tree: log2(H) steps of S
 // instead of log2(P)); the loopback copies between ranks of one host disappear.
-#include "cpu/shm/host_hierarchy.hpp"
+#include "cpu/hierarchy/hierarchical_algorithms.hpp"
 #include "cpu/shm/shm_algorithms.hpp"
 
-namespace ddplite::cpu::shm {
+namespace ddplite::cpu::hierarchy {
 
 void broadcastAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const Fingerprint& fingerprint,
                           size_t bufferBytes, uint64_t refusedSeq) {
-  const Fingerprint local = segmentPartOf(fingerprint);
+  const Fingerprint local = shm::segmentPartOf(fingerprint);
   const int rootHost = hosts.hostOf(args.root);
   const bool onRootHost = hosts.myHost() == rootHost;
   ShmGroup* group = hosts.local();
@@ -28,16 +28,16 @@ void broadcastAcrossHosts(HostHierarchy& hosts, const AlgorithmArgs& args, const
     AlgorithmArgs fromRoot = args;
     fromRoot.root = hosts.indexOnHost(args.root);
     group->beginCollective(local, refusedSeq);
-    broadcast(*group, fromRoot);
+    shm::broadcast(*group, fromRoot);
   }
   if (hosts.leaders() != nullptr) hosts.runAmongLeaders(Collective::kBroadcast, args, fingerprint, bufferBytes, rootHost);
   if (group != nullptr && !onRootHost) {
     AlgorithmArgs fromLeader = args;
     fromLeader.root = 0;
     group->beginCollective(local, refusedSeq);
-    broadcast(*group, fromLeader);
+    shm::broadcast(*group, fromLeader);
   }
   if (group != nullptr) group->endCollective();  // open from the first local step (collectiveOpen)
 }
 
-}  // namespace ddplite::cpu::shm
+}  // namespace ddplite::cpu::hierarchy
