@@ -43,8 +43,9 @@ def _mpi_rendezvous(url, **kwargs):
 def _register_rendezvous_handlers():
     """mpi:// for mpirun, and env:// extended to MPI launchers' and Slurm's rank variables.
 
-    env:// keeps torch's behaviour whenever torch's own variables are set; ddplite's handler only
-    takes over where torch's would raise for a missing RANK/WORLD_SIZE.
+    env:// keeps torch's behaviour for every backend but ddplite, and for ddplite whenever torch's
+    own variables are set; ddplite's handler only takes over where torch's would raise for a
+    missing RANK/WORLD_SIZE (torch_ddp_lite/rendezvous.py).
     """
     import sys
 

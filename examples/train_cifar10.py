@@ -19,7 +19,9 @@ of PyTorch's ImageNet example: each rank started by hand, on any machine, joined
 ``IP:PORT``; ``--spawn N --dist-url tcp://IP:PORT`` with ``--world-size M --rank R`` spawns N ranks on
 each of M machines (this is machine R; global ranks R*N .. R*N+N-1); mpirun, detected from
 Open MPI's and MPICH's variables, joins through ddplite's ``mpi://`` rendezvous (MPI gives rank
-and size, MPI_Bcast the store's address). Without any, one process trains.
+and size, MPI_Bcast the store's address); srun, detected from a Slurm job step's variables, joins
+through ``tcp://`` on the step's first node (a port from the job id). A batch script's own process
+in a job of several tasks (no srun) stops at once, saying so. Without any, one process trains.
 
 Data: torchvision's CIFAR10 loader (``download=False``) on ``<data-dir>/cifar-10-batches-py``. When
 that holds no CIFAR-10, a generated stand-in in the same file format is made once under
@@ -64,9 +66,6 @@ CHECKPOINT_NAME = "checkpoint.pt"
 # Arguments that shape the run: a resumed run that changes one of them cannot match an uninterrupted one.
 RUN_SHAPING_ARGUMENTS = ("arch", "width", "epochs", "batch_size", "lr", "momentum", "weight_decay",
                          "warmup_epochs", "seed", "limit_train_batches")
-# (rank, size, local rank) variables of mpirun launches: OpenMPI, then MPICH / Intel MPI.
-MPI_VARIABLES = [("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
-                 ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")]
 
 
 def parse_args(argv=None):
@@ -132,15 +131,29 @@ class Launch:
 
 
 def launch_from_environment():
-    """The launch torchrun or mpirun describes in the environment, or None."""
+    """The launch torchrun, an MPI launcher or a Slurm job step (srun) describes in the environment,
+    or None. The MPI and Slurm variables are read as ddplite's env:// reads them
+    (torch_ddp_lite/rendezvous.py), so any backend can run under them."""
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:
         return Launch("torchrun", "env://", int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)))
-    for rank_variable, size_variable, local_rank_variable in MPI_VARIABLES:
-        if rank_variable in env:
-            return Launch("mpirun", "mpi://", int(env[rank_variable]), int(env[size_variable]),
-                          int(env.get(local_rank_variable, 0)))
-    return None
+    from torch_ddp_lite import rendezvous
+
+    batch_script = rendezvous.slurm_batch_without_srun()
+    if batch_script is not None:
+        raise SystemExit(f"train_cifar10.py: {batch_script}")
+    launch = rendezvous.launcher_rank()
+    if launch is None:
+        return None
+    if launch.launcher.uses_mpi:
+        return Launch("mpirun", "mpi://", launch.rank, launch.world_size, launch.local_rank)
+    store = rendezvous.slurm_store_address()
+    if store is None:
+        raise SystemExit("train_cifar10.py: started by Slurm, but neither SLURM_STEP_NODELIST and SLURM_JOB_ID nor "
+                         "MASTER_ADDR and MASTER_PORT say where task 0 is; run it with srun")
+    host, port, _ = store
+    return Launch("srun", f"tcp://{f'[{host}]' if ':' in host else host}:{port}", launch.rank, launch.world_size,
+                  launch.local_rank)
 
 
 def launch_from_flags(args):

@@ -2,7 +2,7 @@
 # Set up (idempotent) and run the test suite: CI's set, everything but the `exhaustive` sweeps.
 #   bash scripts/test.sh                    # CI's set (what .ci/run runs)
 #   bash scripts/test.sh --all              # everything: CI's set and the exhaustive sweeps
-#   bash scripts/test.sh -m "not slow"      # the quick loop
+#   bash scripts/test.sh -m "not slow and not exhaustive"   # the quick loop
 # The other arguments go to pytest. A -m of your own replaces the default -m "not exhaustive"
 # (add "and not exhaustive" to it to keep the sweeps out).
 set -euo pipefail

@@ -117,6 +117,9 @@ def cpu_paths(rank, world_size):
         paths["pair"] = torch_ddp_lite.cpu_path(pair)
         paths["pair_sum"] = tensor.tolist()
     gloo = dist.new_group(backend="gloo")
+    # gloo's connectFullMesh returns on one rank before its peer's side is done; a rank that then
+    # exits at once can close the pair under its peer ("Connection closed by peer"). Meet first.
+    dist.barrier(group=gloo)
     try:
         torch_ddp_lite.cpu_path(gloo)
     except ValueError as error:

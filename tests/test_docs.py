@@ -70,11 +70,24 @@ def anchors_of(path, cache={}):
     return cache[path]
 
 
+def paragraphs(prose):
+    """(first line's number, the paragraph's lines joined): a link or a code span may wrap."""
+    joined, start, lines = [], None, []
+    for number, line in prose + [(None, "")]:
+        if line.strip():
+            start = number if not lines else start
+            lines.append(line.strip())
+        elif lines:
+            joined.append((start, " ".join(lines)))
+            lines = []
+    return joined
+
+
 def broken_links(path):
     with open(path) as page:
         prose, _ = split_fences(page.read())
     broken = []
-    for number, line in prose:
+    for number, line in paragraphs(prose):
         for target in LINK.findall(INLINE_CODE.sub("", line)):
             if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:, ...
                 continue
@@ -140,8 +153,10 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("\n".join([
         "# Title", "", "## Same", "## Same",
-        "[ok](other.md#a-code-heading-with-punctuation) [ok](#same-1) [ok](https://example.com/x#y)",
-        "[bad file](missing.md) [bad anchor](other.md#nope) [bad local](#same-2)",
+        "[ok](other.md#a-code-heading-with-punctuation) [ok](#same-1) [ok](https://example.com/x#y) [a link",
+        "that wraps](other.md#other-page)", "",
+        "[bad file](missing.md) [bad anchor](other.md#nope) [bad local](#same-2) [wrapped and",
+        "bad](gone.md)",
         "`[not a link](nowhere.md)`", "",
         "```bash", "python scripts/setup.sh && python scripts/no_such_script.py", "python -m torch_ddp_lite.nope",
         "[also not a link](inside-a-fence.md)", "```",
@@ -150,6 +165,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
         "missing.md (no such file)",
         f"other.md#nope (no heading with that anchor in {os.path.relpath(str(tmp_path / 'other.md'), REPO)})",
         f"#same-2 (no heading with that anchor in {os.path.relpath(str(page), REPO)})",
+        "gone.md (no such file)",
     ]
     assert [entry.split(": ", 1)[1] for entry in missing_scripts(str(page))] == [
         "scripts/no_such_script.py", "python -m torch_ddp_lite.nope"]

@@ -11,8 +11,12 @@
   send/recv part;
 * the hierarchy across hosts (cpu/hierarchy/) may use shm and the transports, never send/recv;
 * send/recv (cpu/p2p/) may use shm and the transports, never the hierarchy or the collectives;
-* the backend includes none of shm, hierarchy or the transports' implementations: it talks to the
-  CPU path object, the collectives run on it, and the send/recv engine's API.
+* the algorithms move bytes over a Transport: no shared memory, hierarchy, send/recv or collectives;
+* the backend includes none of shm, hierarchy or the transports' implementations directly: it talks
+  to the CPU path object, the collectives run on it, and the send/recv engine's API;
+* the CUDA path includes nothing of cpu/, and of backend/ only work.hpp (StagedPath returns a
+  DdpliteWork: the one edge against the flow); rendezvous/ includes none of cpu/, backend/, cuda/;
+  common/ includes only common/.
 """
 
 import os
@@ -45,12 +49,17 @@ ABOVE_THE_TRANSPORTS = ("cpu/algorithms/", "cpu/shm/", "cpu/hierarchy/", "cpu/p2
 ABOVE_SHM = ("cpu/hierarchy/", "cpu/p2p/", "cpu/collectives", "cpu/cpu_path", "cpu/mpi_collectives", "backend/", "cuda/")
 ABOVE_HIERARCHY = ("cpu/p2p/", "cpu/collectives", "cpu/cpu_path", "backend/", "cuda/")
 ABOVE_P2P = ("cpu/hierarchy/", "cpu/algorithms/", "cpu/collectives", "cpu/cpu_path", "backend/", "cuda/")
+ABOVE_ALGORITHMS = ("cpu/shm/", "cpu/hierarchy/", "cpu/p2p/", "cpu/collectives", "cpu/cpu_path", "cpu/mpi_collectives",
+                    "backend/", "cuda/")
+NOT_FOR_RENDEZVOUS = ("cpu/", "backend/", "cuda/")
 
 RULES = {
     "cpu/transport": ABOVE_THE_TRANSPORTS,
     "cpu/shm": ABOVE_SHM,
     "cpu/hierarchy": ABOVE_HIERARCHY,
     "cpu/p2p": ABOVE_P2P,
+    "cpu/algorithms": ABOVE_ALGORITHMS,
+    "rendezvous": NOT_FOR_RENDEZVOUS,
 }
 
 
@@ -73,24 +82,43 @@ def test_the_backend_talks_to_the_cpu_path_only():
                               and not included.startswith(BACKEND_MAY_INCLUDE)) == []
 
 
+def test_the_cuda_path_takes_only_the_work_from_the_backend():
+    assert offending_includes("cuda", lambda included: included.startswith("cpu/")
+                              or (included.startswith("backend/") and included != "backend/work.hpp")) == []
+
+
+def test_common_includes_only_common():
+    assert offending_includes("common", lambda included: not included.startswith("common/")) == []
+
+
 def test_the_rules_see_every_part():
     # A part renamed or emptied would make its rule vacuous: each folder holds sources with includes.
-    for folder in [*RULES, "backend"]:
+    for folder in [*RULES, "backend", "cuda", "common"]:
         root = os.path.join(CSRC, folder)
         sources = [name for name in os.listdir(root) if name.endswith((".cpp", ".hpp"))]
         assert sources and any(includes(os.path.join(root, name)) for name in sources), folder
-    # and each forbidden prefix names a part that exists
+    # and each forbidden prefix names a part that exists: a folder, or the stem of files
     for prefixes in RULES.values():
         for prefix in prefixes:
-            parent, _, stem = prefix.rstrip("/").rpartition("/")
-            assert any(name.startswith(stem) for name in os.listdir(os.path.join(CSRC, parent))), prefix
+            if prefix.endswith("/"):
+                assert os.path.isdir(os.path.join(CSRC, prefix)), prefix
+            else:
+                parent, _, stem = prefix.rpartition("/")
+                assert any(name.startswith(stem + ".") for name in os.listdir(os.path.join(CSRC, parent))), prefix
 
 
-def test_the_rules_catch_an_include_that_goes_up(tmp_path, monkeypatch):
-    # The checker itself: a shm file that includes the hierarchy is reported.
-    fake = tmp_path / "cpu" / "shm"
+@pytest.mark.parametrize("folder, upward", [("cpu/shm", "cpu/hierarchy/host_hierarchy.hpp"),
+                                            ("cpu/shm", "cpu/p2p/channels.hpp"),
+                                            ("cpu/hierarchy", "cpu/p2p/p2p_engine.hpp"),
+                                            ("cpu/p2p", "cpu/hierarchy/host_hierarchy.hpp"),
+                                            ("cpu/transport", "cpu/shm/segment.hpp"),
+                                            ("cpu/algorithms", "cpu/shm/shm_group.hpp"),
+                                            ("rendezvous", "cpu/transport/transport.hpp")])
+def test_the_rules_catch_an_include_that_goes_up(tmp_path, monkeypatch, folder, upward):
+    # The checker itself: a file of `folder` that includes `upward` is reported by its rule.
+    fake = tmp_path.joinpath(*folder.split("/"))
     fake.mkdir(parents=True)
-    (fake / "segment.cpp").write_text('#include "cpu/shm/segment.hpp"\n#include "cpu/hierarchy/host_hierarchy.hpp"\n')
+    (fake / "part.cpp").write_text(f'#include "common/errors.hpp"\n#include "{upward}"\n')
     monkeypatch.setattr(sys.modules[__name__], "CSRC", str(tmp_path))
-    assert offending_includes("cpu/shm", lambda included: included.startswith(ABOVE_SHM)) == [
-        (os.path.join("cpu", "shm", "segment.cpp"), "cpu/hierarchy/host_hierarchy.hpp")]
+    assert offending_includes(folder, lambda included: included.startswith(RULES[folder])) == [
+        (os.path.join(*folder.split("/"), "part.cpp"), upward)]

@@ -1,4 +1,4 @@
-"""Rendezvous for launchers that are not torchrun: ``mpi://`` and env:// under mpirun or Slurm.
+"""Rendezvous for launchers that are not torchrun: ``mpi://``, and env:// under mpirun or Slurm.
 
 ``init_method="mpi://"`` (registered by the ``ddplite`` entry point, so a stock script needs no
 import): rank and world size come from MPI; rank 0 starts a c10d TCPStore on a free port and
@@ -6,16 +6,27 @@ import): rank and world size come from MPI; rank 0 starts a c10d TCPStore on a f
 
     mpirun -np 4 python train.py        # dist.init_process_group("ddplite", init_method="mpi://")
 
-``env://`` (torch's default) keeps torch's behaviour whenever RANK and WORLD_SIZE are set. When
-they are not, but an MPI launcher's or Slurm's rank variables are, the rank and world size are
-taken from those; MASTER_ADDR/MASTER_PORT are then used if set, else (under mpirun, with MPI
-compiled in) the store is found through MPI as for ``mpi://``; otherwise the error lists what is
-missing and how to set it.
+``env://`` (torch's default) is torch's own for every backend but ddplite, and for ddplite too
+whenever RANK and WORLD_SIZE are set. For a ddplite group without them, the rank and world size
+come from the launcher that started the process:
+
+* mpirun (Open MPI's OMPI_COMM_WORLD_*, MPICH's PMI_*): the store at MASTER_ADDR:MASTER_PORT if
+  set, else (MPI compiled in) found through MPI as for ``mpi://``;
+* a Slurm job step (``srun``: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID): the store at
+  MASTER_ADDR:MASTER_PORT if set, else on the step's first node (SLURM_STEP_NODELIST) at port
+  10000 + the last four digits of SLURM_JOB_ID, as the common batch-script recipe derives it;
+* a Slurm batch script's own process (SLURM_JOB_ID but no SLURM_STEP_ID) with more than one task
+  in the job fails at once: its tasks were never started (the script lacks ``srun``).
+
+Which backend asks is read from the ``init_process_group`` call being served; a direct
+``dist.rendezvous("env://")`` is torch's.
 """
 
 import datetime
 import os
+import re
 import socket
+import sys
 import urllib.parse
 from dataclasses import dataclass
 
@@ -31,13 +42,18 @@ class LauncherVariables:
     size: str
     local_rank: str
     uses_mpi: bool  # its processes are one MPI job (MPI_COMM_WORLD spans them)
+    size_fallback: str = ""  # read when `size` is not set
 
 
-LAUNCHERS = (
-    LauncherVariables("Open MPI's mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", True),
-    LauncherVariables("MPICH / Intel MPI (PMI)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", True),
-    LauncherVariables("Slurm (srun)", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", False),
-)
+OPEN_MPI = LauncherVariables("Open MPI's mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                             "OMPI_COMM_WORLD_LOCAL_RANK", True)
+PMI = LauncherVariables("MPICH / Intel MPI (PMI)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", True)
+# Inside a job step: the step's tasks (SLURM_NTASKS is the job's where a step runs on part of it).
+SLURM = LauncherVariables("Slurm (srun)", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", False,
+                          size_fallback="SLURM_NTASKS")
+# In this order: an MPI launcher inside a Slurm allocation starts its processes through srun, which
+# leaves them the SLURM_* variables of its own daemons' step.
+LAUNCHERS = (OPEN_MPI, PMI, SLURM)
 
 
 @dataclass(frozen=True)
@@ -46,16 +62,79 @@ class LauncherRank:
     rank: int
     world_size: int
     local_rank: int
+    size_variable: str  # where world_size came from
+
+
+def _slurms_own_pmi(env):
+    """srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE itself, equal to the step's task and size: Slurm
+    started the process, not an MPI launcher (whose MPI may lack Slurm's PMI: Debian's Open MPI)."""
+    return ("SLURM_STEP_ID" in env and env.get("PMI_RANK") == env.get("SLURM_PROCID")
+            and env.get("PMI_SIZE") in (env.get("SLURM_STEP_NUM_TASKS"), env.get("SLURM_NTASKS")))
 
 
 def launcher_rank(env=None):
-    """The rank an MPI launcher or Slurm describes in the environment, or None."""
+    """The rank an MPI launcher or a Slurm job step describes in the environment, or None."""
     env = os.environ if env is None else env
     for launcher in LAUNCHERS:
-        if launcher.rank in env and launcher.size in env:
-            return LauncherRank(launcher, int(env[launcher.rank]), int(env[launcher.size]),
-                                int(env.get(launcher.local_rank, 0)))
+        size_variable = launcher.size if launcher.size in env else launcher.size_fallback
+        if launcher.rank not in env or size_variable not in env:
+            continue
+        if launcher is PMI and _slurms_own_pmi(env):
+            continue
+        return LauncherRank(launcher, int(env[launcher.rank]), int(env[size_variable]),
+                            int(env.get(launcher.local_rank, 0)), size_variable)
     return None
+
+
+def slurm_batch_without_srun(env=None):
+    """What is wrong with a Slurm batch script's own process in a job of several tasks
+    (SLURM_JOB_ID and SLURM_NTASKS > 1, but no SLURM_STEP_ID: no srun started the tasks, so no
+    peer will come), with the hint; None for any other process. torch's env:// would wait for the
+    peers until the timeout."""
+    env = os.environ if env is None else env
+    if "SLURM_JOB_ID" not in env or "SLURM_STEP_ID" in env or int(env.get("SLURM_NTASKS", "1")) <= 1:
+        return None
+    tasks = env["SLURM_NTASKS"]
+    return (
+        f"this process is Slurm job {env['SLURM_JOB_ID']}'s batch script "
+        f"(SLURM_NTASKS={tasks}, no SLURM_STEP_ID), not one of its {tasks} tasks: nothing started the "
+        f"others, so rank {env.get('SLURM_PROCID', '0')} of {tasks} would wait for them until the timeout.\n"
+        "Hint: start the tasks with srun (srun python train.py), or one torchrun per node "
+        "(srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES --nproc-per-node=N ...)")
+
+
+def first_slurm_host(nodelist):
+    """The first host of a Slurm host list ("node[01-04,07],gpu5" -> "node01";
+    "rack[1-2]-n[3-4]" -> "rack1-n3"), as `scontrol show hostnames` would print it first."""
+    first, depth = "", 0
+    for character in nodelist.strip():  # the first comma-separated entry, commas in brackets kept
+        depth += {"[": 1, "]": -1}.get(character, 0)
+        if character == "," and depth == 0:
+            break
+        first += character
+    # each bracket: its first range's start, zero padding kept ("[01-04]" -> "01")
+    return re.sub(r"\[([^\]\-,]+)[^\]]*\]", lambda match: match.group(1), first)
+
+
+SLURM_PORT_BASE = 10000  # + the last four digits of SLURM_JOB_ID: the common batch-script recipe
+
+
+def slurm_store_address(env=None):
+    """(host, port, how) of the store of a Slurm job step's ranks: MASTER_ADDR and MASTER_PORT
+    where set; else the step's first node (SLURM_STEP_NODELIST, the job's where that is unset),
+    which runs task 0, and port 10000 + the last four digits of SLURM_JOB_ID. None when neither a
+    host nor a job id is known."""
+    env = os.environ if env is None else env
+    nodes = next((env[name] for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                  if env.get(name)), "")
+    host = env.get("MASTER_ADDR") or (first_slurm_host(nodes) if nodes else "")
+    port = env.get("MASTER_PORT") or (str(SLURM_PORT_BASE + int(env["SLURM_JOB_ID"]) % 10000)
+                                      if env.get("SLURM_JOB_ID", "").isdigit() else "")
+    if not host or not port:
+        return None
+    how = ("MASTER_ADDR" if "MASTER_ADDR" in env else f"the step's first node ({nodes})") + ", " + \
+        ("MASTER_PORT" if "MASTER_PORT" in env else "10000 + SLURM_JOB_ID's last four digits")
+    return host, int(port), how
 
 
 def _extension():
@@ -128,30 +207,65 @@ def _missing_master_error(launch, missing):
     hint = {
         True: "export MASTER_ADDR=<rank 0's host> MASTER_PORT=29500 in the job, or use "
               "init_method='mpi://' (ddplite built with MPI), which needs neither",
-        False: 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) '
-               "MASTER_PORT=29500 in the batch script before srun",
+        False: "run the tasks with srun, which sets SLURM_STEP_NODELIST and SLURM_JOB_ID, or export "
+               "MASTER_ADDR=<task 0's host> MASTER_PORT=<a free port> before srun",
     }[launch.launcher.uses_mpi]
     return ValueError(
         f"ddplite env:// rendezvous: launched by {launch.launcher.launcher} (rank {launch.rank} of "
-        f"{launch.world_size} from {launch.launcher.rank}/{launch.launcher.size}), but "
+        f"{launch.world_size} from {launch.launcher.rank}/{launch.size_variable}), but "
         f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set, and torch's env:// needs "
         f"{'it' if len(missing) == 1 else 'them'} to find the store.\nHint: {hint}")
 
 
+def _serves_ddplite():
+    """Whether the rendezvous being served is for a group with ddplite in it: the backend argument
+    of the torch.distributed.init_process_group call up the stack ("ddplite", "cpu:ddplite,cuda:nccl").
+    False for any other backend, and for dist.rendezvous called directly."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if (frame.f_code.co_name == "init_process_group"
+                and frame.f_globals.get("__name__") == "torch.distributed.distributed_c10d"):
+            return "ddplite" in str(frame.f_locals.get("backend") or "").lower()
+        frame = frame.f_back
+    return False
+
+
+def _info(message):
+    """A line in the C++ side's format, at DDPLITE_DEBUG=INFO and above (common/logging.hpp)."""
+    if os.environ.get("DDPLITE_DEBUG", "WARN").upper() in ("INFO", "TRACE", "DETAIL"):
+        print(f"[ddplite {os.getpid()}] INFO {message}", file=sys.stderr, flush=True)
+
+
+def _torch_handler(scheme):
+    return sys.modules["torch.distributed.rendezvous"]._rendezvous_handlers[scheme]
+
+
 def env_rendezvous_handler(torch_handler, url, timeout=DEFAULT_TIMEOUT, **kwargs):
-    """torch's env:// handler, extended to MPI launchers' and Slurm's rank variables."""
+    """torch's env:// handler; for a ddplite group, extended to MPI launchers' and Slurm's
+    variables (the module's docstring). Every other backend gets torch's own, untouched."""
     query = _query(url)
     env = os.environ
     has_rank = "rank" in query or "RANK" in env
     has_size = "world_size" in query or "WORLD_SIZE" in env
-    launch = launcher_rank()
-    if (has_rank and has_size) or launch is None:
+    if (has_rank and has_size) or not _serves_ddplite():
         return torch_handler(url, timeout=timeout, **kwargs)
+    batch_script = slurm_batch_without_srun(env)
+    if batch_script is not None:
+        raise ValueError(f"ddplite env:// rendezvous: {batch_script}")
+    launch = launcher_rank(env)
+    if launch is None:
+        return torch_handler(url, timeout=timeout, **kwargs)
+    ranked = {"rank": launch.rank, "world_size": launch.world_size}
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in env]
     if not missing:
-        return torch_handler(_with_query(url, rank=launch.rank, world_size=launch.world_size), timeout=timeout,
-                             **kwargs)
+        return torch_handler(_with_query(url, **ranked), timeout=timeout, **kwargs)
     if launch.launcher.uses_mpi and _extension().build_info()["mpi"]:
-        return mpi_rendezvous_handler(_with_query(url, rank=launch.rank, world_size=launch.world_size),
-                                      timeout=timeout, **kwargs)
-    raise _missing_master_error(launch, missing)
+        return mpi_rendezvous_handler(_with_query(url, **ranked), timeout=timeout, **kwargs)
+    store = slurm_store_address(env) if launch.launcher is SLURM else None
+    if store is None:
+        raise _missing_master_error(launch, missing)
+    host, port, how = store
+    _info(f"rank {launch.rank}/{launch.world_size} from {launch.launcher.launcher} ({launch.launcher.rank}/"
+          f"{launch.size_variable}); the store at {host}:{port} ({how})")
+    tcp_url = _with_query(f"tcp://{f'[{host}]' if ':' in host else host}:{port}", **dict(query, **ranked))
+    return _torch_handler("tcp")(tcp_url, timeout=timeout, **kwargs)

@@ -16,14 +16,16 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ddplite {
-
-using c10d::OpType;
 
 bool DdpliteBackend::peerProcessEnded(int peer) {
   const std::optional<bool> published = rendezvous_.has(strCat("proc/", peer));

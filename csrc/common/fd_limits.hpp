@@ -1,6 +1,6 @@
 // Running out of file descriptors, said plainly: the process's limit (RLIMIT_NOFILE), how many are
 // open, and how many a group needs. A group holds, per rank, about one socket per peer for its
-// collectives and one socket or pidfd per peer for send/recv (docs/scale.md), plus a few of its own.
+// collectives and one socket or pidfd per peer for send/recv (docs/history/scale.md), plus a few of its own.
 #pragma once
 
 #include <string>

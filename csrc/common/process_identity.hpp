@@ -3,7 +3,7 @@
 //
 // Used by shared-memory peers (cpu/shm/) to tell a peer whose process has ended while they wait
 // for it. A pidfd per peer would do it too, at one descriptor per peer per group; at 64 ranks per
-// host that alone was more than gloo's whole socket mesh (docs/scale.md). Here the identity is
+// host that alone was more than gloo's whole socket mesh (docs/history/scale.md). Here the identity is
 // published once in the segment, and a check reads /proc/<pid>/task/<pid>/stat (a few
 // microseconds, paid by a wait that did not end while it spun).
 //

@@ -62,7 +62,7 @@ class HostHierarchy {
   // connect on demand (DDPLITE_CONNECT, the same on every rank). Then the root
   // holds sockets to a few leaders instead of one per rank. With every pair connected at init,
   // they go flat over TCP: on this 2-core VM the flat path measured 1.3-2.6x faster at 4 and 8
-  // namespace hosts x 2 ranks (docs/scale.md), since the hierarchy adds a sync in each segment.
+  // namespace hosts x 2 ranks (docs/history/scale.md), since the hierarchy adds a sync in each segment.
   bool exchangesThroughLeaders() const { return exchangesThroughLeaders_; }
   // Whether all_to_all goes through the segments, with one rank per pair of hosts on TCP (its
   // proxies): when gather and scatter go through the leaders, and each rank of the most crowded
