@@ -27,6 +27,8 @@ def parse_args():
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--lr", type=float, default=0.02, help="per rank; scaled by world size")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init-method", default="env://",
+                        help="env:// (torchrun, srun, mpirun), mpi:// (MPI gives rank and size), tcp://IP:PORT, file://")
     parser.add_argument("--save-params", metavar="PREFIX",
                         help="each rank writes its final parameters to PREFIX.rank<R>.pt (to compare runs)")
     return parser.parse_args()
@@ -61,7 +63,7 @@ def params_in_sync(model):
 
 def main():
     args = parse_args()
-    dist.init_process_group(backend=args.backend)  # env:// from torchrun
+    dist.init_process_group(backend=args.backend, init_method=args.init_method)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
 

@@ -97,6 +97,23 @@ if [ "${DDPLITE_WITH_MPI:-1}" != "0" ]; then
   fi
 fi
 
+# 2b. Slurm and munge (Debian's slurmd, slurmctld, slurm-client, munge): tests/test_slurm.py runs a
+#     real two-node cluster in namespaces (and skips without them). Nothing is started here.
+if ! command -v slurmd >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+    say "installing Slurm and munge (apt-get: slurmd slurmctld slurm-client munge; for tests/test_slurm.py)"
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurmd slurmctld slurm-client munge \
+        >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+             --no-install-recommends slurmd slurmctld slurm-client munge >/dev/null; }; } \
+      || say "could not install Slurm: tests/test_slurm.py will be skipped"
+  else
+    say "Slurm missing and cannot be installed here (needs root and apt-get): tests/test_slurm.py will be skipped"
+  fi
+else
+  say "Slurm present ($(slurmd -V 2>/dev/null))"
+fi
+
 # 3. The extension: rebuilt only when its sources, build files, torch or MPI changed.
 stamp_file="$REPO/build/.ddplite-build-stamp"
 stamp=$( { cat setup.py pyproject.toml _ddplite_autoload.py; find csrc -type f | sort | xargs cat;

@@ -126,7 +126,7 @@ PAGES = pages()
 
 def test_there_are_pages_to_check():
     names = {os.path.relpath(page, REPO) for page in PAGES}
-    assert {"README.md", "docs/architecture.md", "docs/launching.md"} <= names, names
+    assert {"README.md", "docs/architecture.md", "docs/launchers.md"} <= names, names
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: os.path.relpath(page, REPO))

@@ -53,9 +53,11 @@ pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"needs network
 
 
 class Hosts:
-    """``count`` namespaces on one bridge; host i has eth0 = 10.231.0.(i+1), docker0 = 10.232.0.(i+1)."""
+    """``count`` namespaces on one bridge; host i has eth0 = 10.231.0.(i+1) and, unless
+    ``dead_end`` is False, docker0 = 10.232.0.(i+1)."""
 
-    def __init__(self, count):
+    def __init__(self, count, dead_end=True):
+        self.dead_end = dead_end
         tag = uuid.uuid4().hex[:6]
         self.switch = f"ddpl{tag}sw"
         self.names = [f"ddpl{tag}h{i}" for i in range(count)]
@@ -84,6 +86,8 @@ class Hosts:
             _ip("-n", self.switch, "link", "set", port, "up")
             _ip("-n", name, "addr", "add", f"{GOOD_NET}.{index + 1}/24", "dev", "eth0")
             _ip("-n", name, "link", "set", "eth0", "up")
+            if not self.dead_end:
+                continue
             # docker0: up, with an address, and a dead end (its peer takes no address).
             _ip("-n", name, "link", "add", "docker0", "type", "veth", "peer", "name", "vethdead0")
             _ip("-n", name, "addr", "add", f"{BAD_NET}.{index + 1}/24", "dev", "docker0")
