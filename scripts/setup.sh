@@ -48,7 +48,8 @@ want = {"torchvision": sys.argv[2] or None, "numpy": None, "pytest": None,
         "ninja": None, "wheel": None, "build": None, "tqdm": None, "matplotlib": None, "hypothesis": None,
         "expecttest": None,  # expecttest: torch's own distributed test suite imports it (tests/torch_suite_runner.py)
         "torchft": "0.2.0",  # torchft (pinned: its process-group API moves): the optional extra torch_ddp_lite.torchft serves (tests/test_torchft.py)
-        "parameterized": None}  # torchft's own test modules import it (tests/torchft_suite_runner.py runs them on ddplite)
+        "parameterized": None,  # torchft's own test modules import it (tests/torchft_suite_runner.py runs them on ddplite)
+        "accelerate": "1.15.0", "lightning": "2.6.6"}  # the trainers' recipes (examples/, tests/test_recipes.py)
 out = []
 for name, version in want.items():
     try:
