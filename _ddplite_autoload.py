@@ -40,6 +40,25 @@ def _mpi_rendezvous(url, **kwargs):
     return mpi_rendezvous_handler(url, **kwargs)
 
 
+def _serves_ddplite():
+    """Whether the rendezvous being served is for a group with ddplite in it: the backend argument
+    of the torch.distributed.init_process_group call up the stack ("ddplite", "cpu:ddplite,cuda:nccl";
+    torch has put it through Backend() by then). False for any other backend, for a direct
+    dist.rendezvous call, and should the stack not be readable."""
+    import sys
+
+    try:
+        frame = sys._getframe(1)
+        while frame is not None:
+            if (frame.f_code.co_name == "init_process_group"
+                    and frame.f_globals.get("__name__") == "torch.distributed.distributed_c10d"):
+                return BACKEND_NAME in str(frame.f_locals.get("backend") or "").lower()
+            frame = frame.f_back
+    except Exception:  # noqa: BLE001 - this decides between torch's handler and ours; never raise here
+        pass
+    return False
+
+
 def _register_rendezvous_handlers():
     """mpi:// for mpirun, and env:// extended to MPI launchers' and Slurm's rank variables.
 
@@ -58,6 +77,8 @@ def _register_rendezvous_handlers():
     if torch_env is not None and not getattr(torch_env, "_ddplite", False):
 
         def env_rendezvous(url, **kwargs):
+            if not _serves_ddplite():  # torch's own, without importing the package or its extension
+                return torch_env(url, **kwargs)
             from torch_ddp_lite.rendezvous import env_rendezvous_handler
 
             return env_rendezvous_handler(torch_env, url, **kwargs)

@@ -36,6 +36,18 @@ def last_line(stderr):
     return stderr.strip().splitlines()[-1] if stderr.strip() else ""
 
 
+def communicate_all(processes, timeout):
+    """Every process's (stdout, stderr); on a timeout every one is killed first, so nothing is left
+    holding a port."""
+    try:
+        return [process.communicate(timeout=timeout) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+
+
 def slurm_step(rank, tasks, job_id, nodes="localhost", **more):
     """The variables srun gives task `rank` of a one-node step (those launch detection reads)."""
     return {"SLURM_JOB_ID": str(job_id), "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank),
@@ -44,18 +56,18 @@ def slurm_step(rank, tasks, job_id, nodes="localhost", **more):
 
 
 def free_job_id():
-    """A job id whose derived port (10000 + its last four digits) is free here now."""
+    """A job id whose step 0's port (rendezvous.slurm_port) is free here now."""
     import socket
 
     for _ in range(50):
         job_id = random.randrange(1, 10 ** 6)
         with socket.socket() as probe:
             try:
-                probe.bind(("127.0.0.1", rendezvous.SLURM_PORT_BASE + job_id % 10000))
+                probe.bind(("127.0.0.1", rendezvous.slurm_port(job_id, 0)))
                 return job_id
             except OSError:
                 continue
-    pytest.skip("no free port in 10000-19999")
+    pytest.skip("no free port in 10000-29999")
 
 
 # ---- the decisions, on environments given as dicts -----------------------------------------------
@@ -72,11 +84,16 @@ def test_a_slurm_steps_store_is_on_its_first_node_at_a_port_from_the_job_id():
     env = slurm_step(3, 4, 5123456, nodes="node[07-08]")
     env["SLURM_JOB_NODELIST"] = "node[01-08]"  # the whole allocation; the step runs on two of them
     host, port, how = rendezvous.slurm_store_address(env)
-    assert (host, port) == ("node07", 13456)
+    assert (host, port) == ("node07", 10000 + (32 * 5123456) % 20000) == ("node07", 20592)
     assert "node[07-08]" in how
-    # MASTER_ADDR / MASTER_PORT of the user's win, each on its own
-    assert rendezvous.slurm_store_address({**env, "MASTER_ADDR": "10.0.0.9"})[:2] == ("10.0.0.9", 13456)
+    # the steps of one job, and neighbouring jobs, get ports of their own, below the ephemeral range
+    ports = {rendezvous.slurm_port(job, step) for job in range(5123456, 5123456 + 100) for step in range(8)}
+    assert len(ports) == 800 and min(ports) >= 10000 and max(ports) < 32768
+    # MASTER_ADDR / MASTER_PORT of the user's win, each on its own; brackets and empty values
+    assert rendezvous.slurm_store_address({**env, "MASTER_ADDR": "10.0.0.9"})[:2] == ("10.0.0.9", 20592)
     assert rendezvous.slurm_store_address({**env, "MASTER_PORT": "29400"})[:2] == ("node07", 29400)
+    assert rendezvous.slurm_store_address({**env, "MASTER_ADDR": "[fd00::1]"})[0] == "fd00::1"
+    assert rendezvous.slurm_store_address({**env, "MASTER_ADDR": ""})[0] == "node07"
     assert rendezvous.slurm_store_address({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}) is None
 
 
@@ -87,7 +104,7 @@ def test_which_launcher_a_process_belongs_to():
         rendezvous.SLURM, 1, 4, "SLURM_STEP_NUM_TASKS")
     # a step on part of a job: the step's tasks, not the job's
     assert rendezvous.launcher_rank({**step, "SLURM_NTASKS": "16"}).world_size == 4
-    # srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE equal to the step's: still Slurm, not an MPI launch
+    # srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE, the size the step's: still Slurm, not an MPI launch
     assert rendezvous.launcher_rank({**step, "PMI_RANK": "1", "PMI_SIZE": "4"}).launcher is rendezvous.SLURM
     # MPICH's mpiexec inside an allocation: its processes carry its proxies' step (one task per node)
     mpich = {**slurm_step(0, 2, 77), "PMI_RANK": "5", "PMI_SIZE": "8"}
@@ -105,6 +122,20 @@ def test_a_batch_script_without_srun_is_told_so():
     assert rendezvous.slurm_batch_without_srun({**batch, "SLURM_NTASKS": "1"}) is None  # a one-task job
     assert rendezvous.slurm_batch_without_srun(slurm_step(0, 4, 42)) is None  # inside a step
     assert rendezvous.slurm_batch_without_srun({}) is None
+    # mpirun's ranks on the batch node itself (it starts only the other nodes' daemons with srun)
+    mpirun_in_batch = {**batch, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}
+    assert rendezvous.slurm_batch_without_srun(mpirun_in_batch) is None
+    assert rendezvous.launcher_rank(mpirun_in_batch).launcher is rendezvous.OPEN_MPI
+
+
+def test_a_rank_or_size_given_must_agree_with_the_launcher():
+    launch = rendezvous.launcher_rank(slurm_step(1, 4, 77))
+    rendezvous._check_against_launcher(launch, "1", None)
+    rendezvous._check_against_launcher(launch, None, "4")
+    with pytest.raises(ValueError, match=r"world_size=8 was given, but Slurm \(srun\) says 4"):
+        rendezvous._check_against_launcher(launch, None, "8")
+    with pytest.raises(ValueError, match=r"rank=0 was given"):
+        rendezvous._check_against_launcher(launch, "0", None)
 
 
 # ---- torch's env:// for other backends: unchanged ------------------------------------------------
@@ -130,6 +161,19 @@ def test_other_backends_get_torchs_env_rendezvous(case):
     assert last_line(with_package.stderr) == last_line(torch_alone.stderr), with_package.stderr
 
 
+def test_other_backends_do_not_even_load_the_package():
+    """A gloo group with torch's variables set: torch_ddp_lite is neither imported nor its extension
+    loaded (a stale build must not break other backends)."""
+    code = ("import sys, torch.distributed as dist\n"
+            "sys.modules['torch_ddp_lite._C'] = None  # as an extension that cannot load\n"
+            "dist.init_process_group('gloo'); print('ok', 'torch_ddp_lite' in sys.modules)\n"
+            "dist.destroy_process_group()\n")
+    completed = run_python(code, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                                  "MASTER_PORT": str(rendezvous.slurm_port(free_job_id(), 0))})
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == ["ok", "False"], completed.stdout
+
+
 def test_a_direct_rendezvous_call_is_torchs():
     code = ("import torch_ddp_lite, torch.distributed as dist\n"
             "next(dist.rendezvous('env://'))\n")
@@ -149,10 +193,20 @@ def test_ddplite_under_a_slurm_step_needs_nothing_else():
     processes = [subprocess.Popen([sys.executable, "-c", code], env=clean_environment(slurm_step(rank, 2, job_id)),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
                  for rank in range(2)]
-    outputs = [process.communicate(timeout=120) for process in processes]
+    outputs = communicate_all(processes, timeout=120)
     for rank, (process, (stdout, stderr)) in enumerate(zip(processes, outputs)):
         assert process.returncode == 0, stderr
         assert stdout.split() == ["ok", str(rank), "2", "[3.0,", "3.0,", "3.0]"], stdout
+
+
+def test_task_0_on_another_node_than_the_first_is_told_at_once():
+    started = time.monotonic()
+    completed = run_python(INIT.format(backend="ddplite"), slurm_step(0, 2, 4242, SLURMD_NODENAME="node9"))
+    assert completed.returncode != 0
+    assert "task 0 of this Slurm step runs on node9, not on the step's first node localhost" in completed.stderr, \
+        completed.stderr
+    assert last_line(completed.stderr).startswith("Hint: export MASTER_ADDR=")
+    assert time.monotonic() - started < 30
 
 
 def test_ddplite_in_a_batch_script_without_srun_fails_at_once():
@@ -175,7 +229,7 @@ def test_the_example_under_srun_trains_one_job(tmp_path):
     processes = [subprocess.Popen(command, env=clean_environment({**slurm_step(rank, 2, job_id), "OMP_NUM_THREADS": "1"}),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
                  for rank in range(2)]
-    outputs = [process.communicate(timeout=300) for process in processes]
+    outputs = communicate_all(processes, timeout=300)
     assert all(process.returncode == 0 for process in processes), [stderr[-3000:] for _, stderr in outputs]
     run_lines = [line for line in outputs[0][0].splitlines() if line.startswith("run:")]
     assert run_lines and "launcher=srun world_size=2" in run_lines[0], outputs[0][0]

@@ -14,12 +14,13 @@ come from the launcher that started the process:
   set, else (MPI compiled in) found through MPI as for ``mpi://``;
 * a Slurm job step (``srun``: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID): the store at
   MASTER_ADDR:MASTER_PORT if set, else on the step's first node (SLURM_STEP_NODELIST) at port
-  10000 + the last four digits of SLURM_JOB_ID, as the common batch-script recipe derives it;
+  slurm_port() (from SLURM_JOB_ID and SLURM_STEP_ID), task 0 checking it runs there;
 * a Slurm batch script's own process (SLURM_JOB_ID but no SLURM_STEP_ID) with more than one task
   in the job fails at once: its tasks were never started (the script lacks ``srun``).
 
-Which backend asks is read from the ``init_process_group`` call being served; a direct
-``dist.rendezvous("env://")`` is torch's.
+Which backend asks is read from the ``init_process_group`` call being served, before this module
+is imported (``_ddplite_autoload._serves_ddplite``); a direct ``dist.rendezvous("env://")`` is
+torch's.
 """
 
 import datetime
@@ -66,10 +67,10 @@ class LauncherRank:
 
 
 def _slurms_own_pmi(env):
-    """srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE itself, equal to the step's task and size: Slurm
-    started the process, not an MPI launcher (whose MPI may lack Slurm's PMI: Debian's Open MPI)."""
-    return ("SLURM_STEP_ID" in env and env.get("PMI_RANK") == env.get("SLURM_PROCID")
-            and env.get("PMI_SIZE") in (env.get("SLURM_STEP_NUM_TASKS"), env.get("SLURM_NTASKS")))
+    """srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE itself, PMI_SIZE equal to the step's task count:
+    Slurm started the process, not an MPI launcher (whose MPI may lack Slurm's PMI: Debian's Open
+    MPI). The same answer on every rank of a launch (no rank-dependent comparison)."""
+    return "SLURM_STEP_ID" in env and env.get("PMI_SIZE") == env.get("SLURM_STEP_NUM_TASKS")
 
 
 def launcher_rank(env=None):
@@ -94,6 +95,8 @@ def slurm_batch_without_srun(env=None):
     env = os.environ if env is None else env
     if "SLURM_JOB_ID" not in env or "SLURM_STEP_ID" in env or int(env.get("SLURM_NTASKS", "1")) <= 1:
         return None
+    if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:  # mpirun's ranks on the batch node itself
+        return None
     tasks = env["SLURM_NTASKS"]
     return (
         f"this process is Slurm job {env['SLURM_JOB_ID']}'s batch script "
@@ -116,24 +119,32 @@ def first_slurm_host(nodelist):
     return re.sub(r"\[([^\]\-,]+)[^\]]*\]", lambda match: match.group(1), first)
 
 
-SLURM_PORT_BASE = 10000  # + the last four digits of SLURM_JOB_ID: the common batch-script recipe
+SLURM_PORT_BASE = 10000  # ports 10000-29999: below Linux's ephemeral range (32768 and up)
+
+
+def slurm_port(job_id, step_id):
+    """The store's port of a job step: 10000 + (32 x SLURM_JOB_ID + SLURM_STEP_ID) mod 20000, so the
+    steps of one job (up to 32 at once) and jobs whose ids are near each other do not meet."""
+    return SLURM_PORT_BASE + (32 * int(job_id) + int(step_id)) % 20000
 
 
 def slurm_store_address(env=None):
     """(host, port, how) of the store of a Slurm job step's ranks: MASTER_ADDR and MASTER_PORT
     where set; else the step's first node (SLURM_STEP_NODELIST, the job's where that is unset),
-    which runs task 0, and port 10000 + the last four digits of SLURM_JOB_ID. None when neither a
-    host nor a job id is known."""
+    which runs task 0 under srun's block and cyclic distributions, and slurm_port(). None when
+    neither a host nor a job id is known."""
     env = os.environ if env is None else env
     nodes = next((env[name] for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
                   if env.get(name)), "")
-    host = env.get("MASTER_ADDR") or (first_slurm_host(nodes) if nodes else "")
-    port = env.get("MASTER_PORT") or (str(SLURM_PORT_BASE + int(env["SLURM_JOB_ID"]) % 10000)
-                                      if env.get("SLURM_JOB_ID", "").isdigit() else "")
+    given_host = env.get("MASTER_ADDR", "").strip("[]")
+    host = given_host or (first_slurm_host(nodes) if nodes else "")
+    known_ids = env.get("SLURM_JOB_ID", "").isdigit() and env.get("SLURM_STEP_ID", "0").isdigit()
+    port = env.get("MASTER_PORT") or (str(slurm_port(env["SLURM_JOB_ID"], env.get("SLURM_STEP_ID", "0")))
+                                      if known_ids else "")
     if not host or not port:
         return None
-    how = ("MASTER_ADDR" if "MASTER_ADDR" in env else f"the step's first node ({nodes})") + ", " + \
-        ("MASTER_PORT" if "MASTER_PORT" in env else "10000 + SLURM_JOB_ID's last four digits")
+    how = ("MASTER_ADDR" if given_host else f"the step's first node ({nodes})") + ", " + \
+        ("MASTER_PORT" if env.get("MASTER_PORT") else "from SLURM_JOB_ID and SLURM_STEP_ID")
     return host, int(port), how
 
 
@@ -196,6 +207,17 @@ def mpi_rendezvous_handler(url, timeout=DEFAULT_TIMEOUT, **kwargs):
     raise RuntimeError("ddplite: the mpi:// rendezvous cannot re-rendezvous (MPI jobs have a fixed size)")
 
 
+def _check_against_launcher(launch, rank, world_size):
+    """A rank or world size given (init_process_group's arguments, RANK or WORLD_SIZE) must agree
+    with the launcher's."""
+    for name, given, launchers in (("rank", rank, launch.rank), ("world_size", world_size, launch.world_size)):
+        if given not in (None, "", "-1") and int(given) != launchers:
+            raise ValueError(
+                f"ddplite env:// rendezvous: {name}={given} was given, but {launch.launcher.launcher} says "
+                f"{launchers} (rank {launch.rank} of {launch.world_size} from {launch.launcher.rank}/"
+                f"{launch.size_variable}).\nHint: leave rank and world_size out under a launcher: it provides them")
+
+
 def _with_query(url, **values):
     parts = urllib.parse.urlparse(url)
     query = dict(urllib.parse.parse_qsl(parts.query))
@@ -217,19 +239,6 @@ def _missing_master_error(launch, missing):
         f"{'it' if len(missing) == 1 else 'them'} to find the store.\nHint: {hint}")
 
 
-def _serves_ddplite():
-    """Whether the rendezvous being served is for a group with ddplite in it: the backend argument
-    of the torch.distributed.init_process_group call up the stack ("ddplite", "cpu:ddplite,cuda:nccl").
-    False for any other backend, and for dist.rendezvous called directly."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if (frame.f_code.co_name == "init_process_group"
-                and frame.f_globals.get("__name__") == "torch.distributed.distributed_c10d"):
-            return "ddplite" in str(frame.f_locals.get("backend") or "").lower()
-        frame = frame.f_back
-    return False
-
-
 def _info(message):
     """A line in the C++ side's format, at DDPLITE_DEBUG=INFO and above (common/logging.hpp)."""
     if os.environ.get("DDPLITE_DEBUG", "WARN").upper() in ("INFO", "TRACE", "DETAIL"):
@@ -247,7 +256,7 @@ def env_rendezvous_handler(torch_handler, url, timeout=DEFAULT_TIMEOUT, **kwargs
     env = os.environ
     has_rank = "rank" in query or "RANK" in env
     has_size = "world_size" in query or "WORLD_SIZE" in env
-    if (has_rank and has_size) or not _serves_ddplite():
+    if has_rank and has_size:  # (_ddplite_autoload sends other backends' groups to torch's handler)
         return torch_handler(url, timeout=timeout, **kwargs)
     batch_script = slurm_batch_without_srun(env)
     if batch_script is not None:
@@ -255,6 +264,7 @@ def env_rendezvous_handler(torch_handler, url, timeout=DEFAULT_TIMEOUT, **kwargs
     launch = launcher_rank(env)
     if launch is None:
         return torch_handler(url, timeout=timeout, **kwargs)
+    _check_against_launcher(launch, query.get("rank", env.get("RANK")), query.get("world_size", env.get("WORLD_SIZE")))
     ranked = {"rank": launch.rank, "world_size": launch.world_size}
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in env]
     if not missing:
@@ -265,6 +275,12 @@ def env_rendezvous_handler(torch_handler, url, timeout=DEFAULT_TIMEOUT, **kwargs
     if store is None:
         raise _missing_master_error(launch, missing)
     host, port, how = store
+    node = env.get("SLURMD_NODENAME")
+    if launch.rank == 0 and not env.get("MASTER_ADDR") and node and node != host:
+        raise ValueError(
+            f"ddplite env:// rendezvous: task 0 of this Slurm step runs on {node}, not on the step's first node "
+            f"{host}, where its store would be (a distribution other than block or cyclic?).\nHint: export "
+            f"MASTER_ADDR=<task 0's node> (and MASTER_PORT) in the batch script before srun")
     _info(f"rank {launch.rank}/{launch.world_size} from {launch.launcher.launcher} ({launch.launcher.rank}/"
           f"{launch.size_variable}); the store at {host}:{port} ({how})")
     tcp_url = _with_query(f"tcp://{f'[{host}]' if ':' in host else host}:{port}", **dict(query, **ranked))
