@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from test_auth import finish  # communicate with every process, killing the rest on a timeout
 from torch_ddp_lite import rendezvous
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,18 +35,6 @@ def run_python(code, overrides, autoload=True, timeout_s=120):
 
 def last_line(stderr):
     return stderr.strip().splitlines()[-1] if stderr.strip() else ""
-
-
-def communicate_all(processes, timeout):
-    """Every process's (stdout, stderr); on a timeout every one is killed first, so nothing is left
-    holding a port."""
-    try:
-        return [process.communicate(timeout=timeout) for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
 
 
 def slurm_step(rank, tasks, job_id, nodes="localhost", **more):
@@ -193,7 +182,7 @@ def test_ddplite_under_a_slurm_step_needs_nothing_else():
     processes = [subprocess.Popen([sys.executable, "-c", code], env=clean_environment(slurm_step(rank, 2, job_id)),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
                  for rank in range(2)]
-    outputs = communicate_all(processes, timeout=120)
+    outputs = finish(processes, 120)
     for rank, (process, (stdout, stderr)) in enumerate(zip(processes, outputs)):
         assert process.returncode == 0, stderr
         assert stdout.split() == ["ok", str(rank), "2", "[3.0,", "3.0,", "3.0]"], stdout
@@ -229,7 +218,7 @@ def test_the_example_under_srun_trains_one_job(tmp_path):
     processes = [subprocess.Popen(command, env=clean_environment({**slurm_step(rank, 2, job_id), "OMP_NUM_THREADS": "1"}),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
                  for rank in range(2)]
-    outputs = communicate_all(processes, timeout=300)
+    outputs = finish(processes, 300)
     assert all(process.returncode == 0 for process in processes), [stderr[-3000:] for _, stderr in outputs]
     run_lines = [line for line in outputs[0][0].splitlines() if line.startswith("run:")]
     assert run_lines and "launcher=srun world_size=2" in run_lines[0], outputs[0][0]
