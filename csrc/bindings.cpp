@@ -178,6 +178,17 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("backend"), "(CPU collective transport, why it was chosen) of a ddplite group.");
   m.def(
+      "work_stages",
+      [](const c10::intrusive_ptr<c10d::Work>& work) -> py::object {
+        const auto* ours = dynamic_cast<const ddplite::DdpliteWork*>(work.get());
+        if (ours == nullptr) return py::none();
+        const auto& stages = ours->stages();
+        return py::make_tuple(stages.issued, stages.running, stages.ran, stages.finished);
+      },
+      py::arg("work"),
+      "(issued, running, ran, finished): steady-clock ns of a completed ddplite CPU op's stages (0: not "
+      "reached), or None for another backend's Work.");
+  m.def(
       "group_failed_ranks",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, double waitSeconds) {
         ddplite::DdpliteBackend& group = ddplite::asDdplite(backend);

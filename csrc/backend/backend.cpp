@@ -221,6 +221,7 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   const int globalRank = trace.globalRanks[rank];
   recorder_ = FlightRecorder::create(std::move(trace), globalRank);
   detailChecks_ = env::detailChecks();
+  syncOnCaller_ = env::syncOpsOnCaller();
   installTraceSignalHandler();
   worker_ = std::make_unique<Worker>();
   DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " ready (timeout ", timeoutMs_.load(), " ms, CPU collectives over ",
@@ -393,12 +394,15 @@ std::chrono::milliseconds DdpliteBackend::resolveTimeout(std::chrono::millisecon
 }
 
 c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType type, const OpArgs& args,
-                                                       std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
-                                                       CpuBody body) {
-  const bool inlineCandidate = mayRunInline(outputs);
+                                                       std::vector<at::Tensor> outputs, Issued issue, CpuBody body) {
+  // A caller that blocks on the op at once gains nothing from the worker but two thread
+  // hand-offs (the worker's wake-up, then the caller's): it runs the op itself whatever the
+  // transport and size, as a blocking backend would. An async op stays on the worker unless it
+  // is small, on shared memory, and every peer has started it (below).
+  const bool inlineCandidate = issue.callerWaits || mayRunInline(outputs);
   const bool timed = timing_.load(std::memory_order_relaxed);
   c10::intrusive_ptr<DdpliteWork> work;
-  OpRun run{timeout};
+  OpRun run{issue.timeout};
   auto task = [this](c10::intrusive_ptr<DdpliteWork> work, OpRun run, CpuBody body) {
     return [this, work = std::move(work), run = std::move(run), body = std::move(body)] { runOp(*work, run, body); };
   };
@@ -414,7 +418,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
     if (recorder_) {
       run.trace = recorder_->record(TraceOp{frOpName(type, ctx.op), false, ctx.seq, p2pSeq_.load(), args.inputs,
                                             outputs, type == OpType::REDUCE_SCATTER, type == OpType::ALLGATHER,
-                                            cpuTransportName(), timeout, timed});
+                                            cpuTransportName(), issue.timeout, timed});
     }
     if (detailChecks_ && size_ > 1) run.signature = signatureOf(ctx, args.compared, args.root, args.reduceOp);
     work = c10::make_intrusive<DdpliteWork>(ctx, type, std::move(outputs), profilingArgs(type, ctx.op, args.inputs),
@@ -427,12 +431,12 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
     }
     seq_ = ctx.seq;  // claimed: later ops queue behind this one (the worker waits for the release)
   }
-  // Claimed, outside enqueueMutex_ (a failure report takes it: refusalNote). Run the op here
-  // only if every peer has started it too, so that the caller is never held by a late peer for
-  // longer than kInlineWait: an async op stays async. The work then completes before it is
+  // Claimed, outside enqueueMutex_ (a failure report takes it: refusalNote). An async op runs
+  // here only if every peer has started it too, so that the caller is never held by a late peer
+  // for longer than kInlineWait: an async op stays async. The work then completes before it is
   // returned; a failure is raised by wait(), as for a queued op.
   cpu_->markStarted(ctx.seq);
-  if (cpu_->peersStarted(ctx.seq, kInlineWait)) {
+  if (issue.callerWaits || cpu_->peersStarted(ctx.seq, kInlineWait)) {
     runOp(*work, run, body);
   } else {
     worker_->enqueueFirst(task(work, std::move(run), std::move(body)));
@@ -451,6 +455,7 @@ bool DdpliteBackend::mayRunInline(const std::vector<at::Tensor>& outputs) const 
 }
 
 void DdpliteBackend::runOp(DdpliteWork& work, const OpRun& run, const CpuBody& body) {
+  work.markRunning();
   work.markStarted();
   cpu_->markStarted(work.context().seq);
   const Deadline deadline = Clock::now() + run.timeout;
@@ -465,6 +470,7 @@ void DdpliteBackend::runOp(DdpliteWork& work, const OpRun& run, const CpuBody& b
         cpu_->context(deadline, work.context(), run.refusedSeq, kernels_, run.trace != 0 ? &algorithm : nullptr);
     if (run.signature) checkArgumentsAcrossRanks(cpu, *run.signature);
     body(cpu);
+    work.markRan();
     if (run.trace != 0) recorder_->completed(run.trace, algorithm);  // a failed op stays "started"
   } catch (const TransportError& error) {
     failure = failureFromTransport(work.context(), error);
@@ -638,7 +644,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::broadcast(std::vector<at::Tensor>
     validation::checkWritable(ctx, tensor, "broadcast");
     if (routesToCuda(ctx, tensor)) return cuda_->broadcast(tensors, opts);
     const int root = static_cast<int>(opts.rootRank);
-    return enqueue(ctx, OpType::BROADCAST, {tensor, tensor, root}, {tensor}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::BROADCAST, {tensor, tensor, root}, {tensor}, issued(opts),
                    [tensor, root](const cpu::CpuContext& cpu) mutable { cpu::broadcast(cpu, tensor, root); });
   });
 }
@@ -654,7 +660,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allreduce(std::vector<at::Tensor>
     validation::checkWritable(ctx, tensor, "allreduce");
     if (routesToCuda(ctx, tensor)) return cuda_->allreduce(tensors, opts);
     const c10d::ReduceOp op = opts.reduceOp;
-    return enqueue(ctx, OpType::ALLREDUCE, {tensor, tensor, -1, op.op_}, {tensor}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::ALLREDUCE, {tensor, tensor, -1, op.op_}, {tensor}, issued(opts),
                    [tensor, op](const cpu::CpuContext& cpu) mutable { cpu::allreduce(cpu, tensor, op); });
   });
 }
@@ -692,7 +698,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce(std::vector<at::Tensor>& t
     if (routesToCuda(ctx, tensor)) return cuda_->reduce(tensors, opts);
     const int root = static_cast<int>(opts.rootRank);
     const c10d::ReduceOp op = opts.reduceOp;
-    return enqueue(ctx, OpType::REDUCE, {tensor, tensor, root, op.op_}, {tensor}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::REDUCE, {tensor, tensor, root, op.op_}, {tensor}, issued(opts),
                    [tensor, root, op](const cpu::CpuContext& cpu) mutable { cpu::reduce(cpu, tensor, root, op); });
   });
 }
@@ -716,7 +722,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allgather(std::vector<std::vector
     targets.pop_back();
     validation::checkWritable(ctx, targets, "allgather output");
     if (routesToCuda(ctx, input)) return cuda_->allgather(outputs, inputs, opts);
-    return enqueue(ctx, OpType::ALLGATHER, {input, input}, targets, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::ALLGATHER, {input, input}, targets, issued(opts),
                    [input, targets](const cpu::CpuContext& cpu) mutable { cpu::allgatherList(cpu, input, targets); });
   });
 }
@@ -767,7 +773,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allgather_coalesced(std::vector<s
                                              "does not serve it either)\nHint: use all_gather_into_tensor on each "
                                              "tensor inside torch.distributed._coalescing_manager"));
     }
-    return enqueue(ctx, OpType::ALLGATHER_COALESCED, {inputs, inputs}, outputs, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::ALLGATHER_COALESCED, {inputs, inputs}, outputs, issued(opts),
                    [inputs, outputLists](const cpu::CpuContext& cpu) mutable {
                      cpu::allgatherCoalesced(cpu, inputs, outputLists);
                    });
@@ -791,7 +797,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::_allgather_base(at::Tensor& outpu
     if (routesToCuda(ctx, input)) return cuda_->_allgather_base(output, input, opts);
     at::Tensor in = input;
     at::Tensor out = output;
-    return enqueue(ctx, OpType::_ALLGATHER_BASE, {in, in}, {out}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::_ALLGATHER_BASE, {in, in}, {out}, issued(opts),
                    [in, out](const cpu::CpuContext& cpu) mutable { cpu::allgatherInto(cpu, in, out); });
   });
 }
@@ -814,7 +820,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::barrier(const c10d::BarrierOption
       const auto index = opts.device_ids.empty() ? opts.device->index() : opts.device_ids.front();
       return cuda_->barrier(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)), opts);
     }
-    return enqueue(ctx, OpType::BARRIER, {}, {}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::BARRIER, {}, {}, issued(opts),
                    [](const cpu::CpuContext& cpu) { cpu::barrier(cpu); });
   });
 }
@@ -827,7 +833,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allreduce_coalesced(std::vector<a
     validation::checkWritable(ctx, tensors, "allreduce_coalesced");
     if (routesToCuda(ctx, tensors.front())) return cuda_->allreduce_coalesced(tensors, opts);
     const c10d::ReduceOp op = opts.reduceOp;
-    return enqueue(ctx, OpType::COALESCED, {tensors, tensors, -1, op.op_}, tensors, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::COALESCED, {tensors, tensors, -1, op.op_}, tensors, issued(opts),
                    [tensors, op](const cpu::CpuContext& cpu) mutable { cpu::allreduceCoalesced(cpu, tensors, op); });
   });
 }
@@ -839,7 +845,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::allgather_into_tensor_coalesced(s
     validation::checkCoalescedPairs(ctx, inputs, outputs, /*inputScale=*/size_, /*outputScale=*/1);
     validation::checkWritable(ctx, outputs, "output");
     if (routesToCuda(ctx, inputs.front())) return cuda_->allgather_into_tensor_coalesced(outputs, inputs, opts);
-    return enqueue(ctx, OpType::COALESCED, {inputs, inputs}, outputs, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::COALESCED, {inputs, inputs}, outputs, issued(opts),
                    [inputs, outputs](const cpu::CpuContext& cpu) mutable {
                      for (size_t i = 0; i < inputs.size(); ++i) cpu::allgatherInto(cpu, inputs[i], outputs[i]);
                    });
@@ -865,7 +871,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce_scatter(std::vector<at::Te
     if (routesToCuda(ctx, output)) return cuda_->reduce_scatter(outputs, inputs, opts);
     const std::vector<at::Tensor> list = inputs[0];
     const c10d::ReduceOp op = opts.reduceOp;
-    return enqueue(ctx, OpType::REDUCE_SCATTER, {list, output, -1, op.op_}, {output}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::REDUCE_SCATTER, {list, output, -1, op.op_}, {output}, issued(opts),
                    [list, output, op](const cpu::CpuContext& cpu) mutable { cpu::reduceScatterList(cpu, list, output, op); });
   });
 }
@@ -889,7 +895,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::_reduce_scatter_base(at::Tensor& 
     at::Tensor in = input;
     at::Tensor out = output;
     const c10d::ReduceOp op = opts.reduceOp;
-    return enqueue(ctx, OpType::_REDUCE_SCATTER_BASE, {in, out, -1, op.op_}, {out}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::_REDUCE_SCATTER_BASE, {in, out, -1, op.op_}, {out}, issued(opts),
                    [in, out, op](const cpu::CpuContext& cpu) mutable { cpu::reduceScatterInto(cpu, in, out, op); });
   });
 }
@@ -903,7 +909,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::reduce_scatter_tensor_coalesced(s
     validation::checkWritable(ctx, outputs, "output");
     if (routesToCuda(ctx, inputs.front())) return cuda_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
     const c10d::ReduceOp op = opts.reduceOp;
-    return enqueue(ctx, OpType::COALESCED, {inputs, outputs, -1, op.op_}, outputs, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::COALESCED, {inputs, outputs, -1, op.op_}, outputs, issued(opts),
                    [inputs, outputs, op](const cpu::CpuContext& cpu) mutable {
                      for (size_t i = 0; i < inputs.size(); ++i) cpu::reduceScatterInto(cpu, inputs[i], outputs[i], op);
                    });
@@ -920,7 +926,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::gather(std::vector<std::vector<at
         validation::rootOnlyList(ctx, outputs, rank_ == root, input, "gather_list", "destination");
     validation::checkWritable(ctx, targets, "gather_list");
     if (routesToCuda(ctx, input)) return cuda_->gather(outputs, inputs, opts);
-    return enqueue(ctx, OpType::GATHER, {input, input, root}, targets, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::GATHER, {input, input, root}, targets, issued(opts),
                    [input, targets, root](const cpu::CpuContext& cpu) mutable { cpu::gather(cpu, input, targets, root); });
   });
 }
@@ -936,7 +942,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::scatter(std::vector<at::Tensor>& 
         validation::rootOnlyList(ctx, inputs, rank_ == root, output, "scatter_list", "source");
     validation::checkWritable(ctx, output, "scatter output");
     if (routesToCuda(ctx, output)) return cuda_->scatter(outputs, inputs, opts);
-    return enqueue(ctx, OpType::SCATTER, {sources, output, root}, {output}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::SCATTER, {sources, output, root}, {output}, issued(opts),
                    [sources, output, root](const cpu::CpuContext& cpu) mutable { cpu::scatter(cpu, sources, output, root); });
   });
 }
@@ -963,7 +969,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::alltoall_base(at::Tensor& output,
     at::Tensor out = output;
     std::vector<int64_t> inSplits = inputSplitSizes;
     std::vector<int64_t> outSplits = outputSplitSizes;
-    return enqueue(ctx, OpType::ALLTOALL_BASE, {in, {}}, {out}, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::ALLTOALL_BASE, {in, {}}, {out}, issued(opts),
                    [in, out, inSplits, outSplits](const cpu::CpuContext& cpu) mutable {
                      cpu::alltoallBase(cpu, in, out, inSplits, outSplits);
                    });
@@ -990,7 +996,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::alltoall(std::vector<at::Tensor>&
     validation::checkOwnBlock(ctx, inputs[rank_].nbytes(), outputs[rank_].nbytes());
     validation::checkWritable(ctx, outputs, "output");
     if (routesToCuda(ctx, inputs.front())) return cuda_->alltoall(outputs, inputs, opts);
-    return enqueue(ctx, OpType::ALLTOALL, {inputs, {}}, outputs, resolveTimeout(opts.timeout),
+    return enqueue(ctx, OpType::ALLTOALL, {inputs, {}}, outputs, issued(opts),
                    [inputs, outputs](const cpu::CpuContext& cpu) mutable { cpu::alltoallList(cpu, inputs, outputs); });
   });
 }

@@ -228,6 +228,16 @@ class DdpliteBackend final : public c10d::Backend {
   // tensors in a build without NCCL.
   bool routesToCuda(const OpContext& ctx, const at::Tensor& tensor) const;
   std::chrono::milliseconds resolveTimeout(std::chrono::milliseconds requested) const;
+  // How the caller issued an op: its timeout, and whether the caller blocks on it at once
+  // (torch sets opts.asyncOp = async_op; dist.all_reduce(t) passes false and calls wait() next).
+  struct Issued {
+    std::chrono::milliseconds timeout;
+    bool callerWaits = false;
+  };
+  template <typename Options>
+  Issued issued(const Options& opts) const {
+    return {resolveTimeout(opts.timeout), syncOnCaller_ && !opts.asyncOp};
+  }
   // What enqueue needs besides the outputs, for the flight recorder and the DETAIL check.
   struct OpArgs {
     c10::ArrayRef<at::Tensor> inputs;    // recorded as the op's inputs
@@ -247,10 +257,11 @@ class DdpliteBackend final : public c10d::Backend {
   // the all_gathers, the same on every rank.
   c10::intrusive_ptr<c10d::Work> sparseAllreduce(const OpContext& ctx, at::Tensor& tensor,
                                                  const c10d::AllreduceOptions& opts);
-  // Queues (or runs) a validated CPU collective.
+  // Queues a validated CPU collective for the worker, or runs it on the calling thread when the
+  // worker is idle and either the caller blocks on it anyway (Issued::callerWaits) or it is a
+  // small shared-memory op every peer has started (mayRunInline, kInlineWait).
   c10::intrusive_ptr<c10d::Work> enqueue(OpContext ctx, c10d::OpType type, const OpArgs& args,
-                                         std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
-                                         CpuBody body);
+                                         std::vector<at::Tensor> outputs, Issued issue, CpuBody body);
   // Runs a CPU op on this thread (the worker's, or the caller's when claimed).
   void runOp(DdpliteWork& work, const OpRun& run, const CpuBody& body);
   // Records a send/recv in the flight recorder (0 when it does not run).
@@ -261,8 +272,8 @@ class DdpliteBackend final : public c10d::Backend {
   // The first failure of this group dumps the flight recorder: ". Flight recorder dump: ..." for
   // its error message; "" after the first, or when the recorder is off.
   std::string dumpOnFailure();
-  // How long a caller that could run a small op itself waits for its peers to start it too
-  // before handing it to the worker (enqueue()).
+  // How long a caller that could run a small async op itself waits for its peers to start it
+  // too before handing it to the worker (enqueue()).
   static constexpr std::chrono::microseconds kInlineWait{50};
   // Whether an op may run on the calling thread (see Worker::tryClaimIdle): it goes through
   // shared memory (or the group has one rank) and moves at most DDPLITE_SHM_INLINE_BYTES.
@@ -346,6 +357,7 @@ class DdpliteBackend final : public c10d::Backend {
   std::unique_ptr<CudaPath> cuda_;        // null in builds without NCCL
   std::unique_ptr<ArrivalRecorder> arrivals_;  // which ranks reached a stalled collective; null for one rank
   bool detailChecks_ = false;  // DDPLITE_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL; set once in the constructor
+  bool syncOnCaller_ = true;   // DDPLITE_SYNC_ON_CALLER; set once in the constructor (issued())
 
   std::atomic<bool> closed_{false};
   // The process that built this group. A forked child holds a copy of this object without its

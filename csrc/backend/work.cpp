@@ -8,7 +8,9 @@ DdpliteWork::DdpliteWork(const OpContext& context, c10d::OpType type, std::vecto
       context_(context),
       outputs_(std::move(outputs)),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
-      timed_(timed) {}
+      timed_(timed) {
+  stages_.issued = nowNs();
+}
 
 float DdpliteWork::getDuration() const {
   if (!timed_) {
@@ -76,6 +78,7 @@ void DdpliteWork::markFinished(std::exception_ptr error, c10d::WorkResult outcom
     resultFuture = resultFuture_;
   }
   if (timed_) clock_.end();
+  stages_.finished = nowNs();
   // The futures first: a caller woken by wait() may read getFuture()->value() at once.
   if (resultFuture) resultFuture->markCompleted(c10::IValue(static_cast<int64_t>(*result_)));
   if (error) {

@@ -48,6 +48,23 @@ class DdpliteWork final : public c10d::Work {
   void markStarted() {
     if (timed_) clock_.start();
   }
+  // Where an op's time went (torch_ddp_lite.bench --breakdown): steady_clock nanoseconds (the
+  // clock of Python's time.perf_counter_ns on Linux) at which the backend took the call (the
+  // constructor), a thread began running it (markRunning), its collective returned (markRan) and
+  // the Work completed (markFinished); 0 for a stage not reached. Each is written once by the
+  // thread at that stage, before markFinished completes the Work; read them after wait() (the
+  // Work's mutex orders the writes before completed_ is seen).
+  struct Stages {
+    int64_t issued = 0, running = 0, ran = 0, finished = 0;
+  };
+  void markRunning() { stages_.running = nowNs(); }
+  void markRan() { stages_.ran = nowNs(); }
+  const Stages& stages() const { return stages_; }
+  static int64_t nowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
   // Milliseconds from markStarted to completion, as torch's Work._get_duration() reports them.
   // RuntimeError when the group's timing was off when the op was issued, or before completion.
   float getDuration() const override;
@@ -64,6 +81,7 @@ class DdpliteWork final : public c10d::Work {
   std::atomic<int> sourceRank_{-1};
   const bool timed_;
   OpClock clock_;
+  Stages stages_;
   std::mutex resultMutex_;  // guards the two below
   c10::intrusive_ptr<c10::ivalue::Future> resultFuture_;  // getFutureResult's, once asked for
   std::optional<c10d::WorkResult> result_;                 // set by markFinished

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <chrono>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -30,6 +31,8 @@ constexpr const char* kCudaStaging = "DDPLITE_CUDA_STAGING";
 constexpr const char* kFingerprint = "DDPLITE_FINGERPRINT";
 constexpr const char* kShmChunkBytes = "DDPLITE_SHM_CHUNK_BYTES";
 constexpr const char* kShmInlineBytes = "DDPLITE_SHM_INLINE_BYTES";
+constexpr const char* kTcpSpinUs = "DDPLITE_TCP_SPIN_US";
+constexpr const char* kSyncOnCaller = "DDPLITE_SYNC_ON_CALLER";
 constexpr const char* kCpuKernels = "DDPLITE_CPU_KERNELS";
 constexpr const char* kConnect = "DDPLITE_CONNECT";
 constexpr const char* kShmSync = "DDPLITE_SHM_SYNC";
@@ -53,6 +56,8 @@ constexpr int64_t kDefaultShmChunkBytes = 512 << 10;
 constexpr int64_t kMinimumShmChunkBytes = 4096;
 constexpr int64_t kMaximumShmChunkBytes = int64_t{1} << 30;
 constexpr int64_t kDefaultShmInlineBytes = 256 << 10;
+constexpr int64_t kDefaultTcpSpinUs = 50;
+constexpr int64_t kMaximumTcpSpinUs = 100000;
 constexpr int64_t kDefaultTraceBufferSize = 2000;
 constexpr int64_t kMaximumTraceBufferSize = 1000000;
 constexpr const char* kDefaultTracePrefix = "/tmp/ddplite_traces/ddplite_trace_rank_";
@@ -152,6 +157,15 @@ const std::vector<Knob>& allKnobs() {
        strCat("Shared-memory path: a collective of at most this many bytes runs on the calling thread "
               "when no other op is pending (no hand-off to the worker thread); 0 sends every op to the "
               "worker (0 to ", kMaximumShmChunkBytes, ")")},
+      {kSyncOnCaller, *kSwitch.begin(),
+       "1: a CPU collective issued with async_op=False runs on the calling thread when nothing else of the "
+       "group is queued or running (the caller blocks on it anyway; it saves two thread hand-offs). 0: it "
+       "goes through the group's worker thread like an async op. Read when a group is created"},
+      {kTcpSpinUs, std::to_string(kDefaultTcpSpinUs),
+       strCat("TCP transport: how long (microseconds) a collective's wait for a peer's bytes retries the socket, "
+              "yielding the CPU between tries, before it sleeps in poll(); only for transfers of at most ",
+              kTcpSpinMaxBytes >> 10, " KiB. The wake-up it saves is most of a small message's time between "
+              "hosts. 0: always sleep at once (0 to ", kMaximumTcpSpinUs, ")")},
       {kCpuKernels, "auto",
        "Which compilation of the CPU reduction kernels runs: 'auto' (the widest this CPU runs), 'avx512', "
        "'avx2' or 'generic' (x86-64 baseline). Every set gives the same bits; pinning one is for measuring "
@@ -226,7 +240,9 @@ void validateAll() {
   readChoice(kCpuTransport, kTransports);
   readBytes(kShmChunkBytes, kDefaultShmChunkBytes, kMinimumShmChunkBytes, kMaximumShmChunkBytes);
   readBytes(kShmInlineBytes, kDefaultShmInlineBytes, 0, kMaximumShmChunkBytes);
+  readBytes(kTcpSpinUs, kDefaultTcpSpinUs, 0, kMaximumTcpSpinUs, "microseconds");
   readChoice(kFingerprint, kSwitch);
+  readChoice(kSyncOnCaller, kSwitch);
   readChoice(kAuth, kSwitch);
   readChoice(kConnect, kConnectModes);
   readChoice(kShmSync, kShmSyncModes);
@@ -285,6 +301,10 @@ int64_t shmChunkBytes() {
 int64_t shmInlineBytes() {
   static const int64_t bytes = readBytes(kShmInlineBytes, kDefaultShmInlineBytes, 0, kMaximumShmChunkBytes);
   return bytes;
+}
+
+std::chrono::microseconds tcpSpin() {
+  return std::chrono::microseconds(readBytes(kTcpSpinUs, kDefaultTcpSpinUs, 0, kMaximumTcpSpinUs, "microseconds"));
 }
 
 std::string algorithmSpec() {
@@ -361,6 +381,10 @@ bool traceSignal() {
 
 bool fingerprintChecks() {
   return readChoice(kFingerprint, kSwitch) == 0;
+}
+
+bool syncOpsOnCaller() {
+  return readChoice(kSyncOnCaller, kSwitch) == 0;
 }
 
 bool authenticateConnections() {

@@ -5,6 +5,8 @@
 // Values are read on first use and cached for the life of the process, except where noted.
 #pragma once
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -60,6 +62,17 @@ int64_t shmChunkBytes();
 // DDPLITE_SHM_INLINE_BYTES: shared-memory collectives up to this size run on the calling thread
 // when nothing else is pending (0: never).
 int64_t shmInlineBytes();
+
+// DDPLITE_SYNC_ON_CALLER: whether a CPU collective issued with async_op=False runs on the calling
+// thread when the group's worker is idle (backend.cpp, enqueue). Read each time (a group reads it
+// when it is created); throws std::invalid_argument naming the knob for a value other than 0 or 1.
+bool syncOpsOnCaller();
+
+// DDPLITE_TCP_SPIN_US: how long a TCP transfer of at most kTcpSpinMaxBytes retries its sockets
+// (sched_yield between tries) before it sleeps in poll() (0: never). Read each time (a transport
+// reads it when it is created); throws std::invalid_argument naming the knob for a bad value.
+inline constexpr size_t kTcpSpinMaxBytes = 256 << 10;
+std::chrono::microseconds tcpSpin();
 
 // DDPLITE_CPU_KERNELS: "auto" (default) or the name of a reduction kernel set, lower-cased. The
 // name is checked by cpu/reduce/reduce_kernels.cpp (it knows the sets and what this CPU runs).

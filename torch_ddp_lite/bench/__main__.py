@@ -34,7 +34,9 @@ def common_options():
                              "ddplite-shm is ddplite with DDPLITE_CPU_TRANSPORT=shm (shared memory); ddplite-flat "
                              "and ddplite-tree pin DDPLITE_SHM_SYNC (how shared-memory steps synchronise); ddplite-ondemand and "
                              "ddplite-atinit pin DDPLITE_CONNECT (across hosts: gather, scatter and all_to_all through "
-                             "the hosts' leaders, or flat over TCP); memcpy is the "
+                             "the hosts' leaders, or flat over TCP); ddplite-handoff hands every op to the worker "
+                             "thread and sleeps in poll() at once on TCP (DDPLITE_SYNC_ON_CALLER=0, "
+                             "DDPLITE_TCP_SPIN_US=0); memcpy is the "
                              "reference: every rank copies the same bytes between two of its own buffers at once "
                              "(algbw = busbw = bytes / time)")
     parser.add_argument("--world-size", type=int, default=2,
@@ -68,6 +70,10 @@ def add_collectives(subcommands, common):
                         help="most warm-up iterations per point and backend (within a quarter of --time-per-point)")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds the iterations are split into")
     parser.add_argument("--plot", metavar="FILE.png", help="write busbw and latency against size to FILE.png")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="after the tables, where a ddplite all_reduce's time goes at each size: the "
+                             "Python call, the hand-off to the thread that runs it, the collective itself, "
+                             "the completion and the return (medians over the slowest rank's iterations)")
     parser.set_defaults(parser=parser, check=check_collectives, entry=collectives.run)
 
 
@@ -107,7 +113,7 @@ def known_backends(device):
     import torch_ddp_lite
 
     known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-shm", "ddplite-unchecked", "ddplite-generic", "ddplite-flat",
-             "ddplite-tree", "ddplite-ondemand", "ddplite-atinit", MEMCPY]
+             "ddplite-tree", "ddplite-ondemand", "ddplite-atinit", "ddplite-handoff", MEMCPY]
     if torch_ddp_lite.build_info()["mpi"]:
         known.append("ddplite-mpi")
     if dist.is_mpi_available():

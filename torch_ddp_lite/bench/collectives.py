@@ -11,6 +11,7 @@ Rank 0 prints the tables as it goes and writes the JSON rows and the plot.
 import datetime
 import os
 import platform
+import time
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,9 @@ def run(options):
     rows = []
     for op in options.ops:
         rows += sweep_op(op, sizes, groups, dtype, device, plan, options.backends, reporting)
+    if getattr(options, "breakdown", False):
+        breakdown_rows = stage_breakdown(sizes, groups, dtype, device, plan, reporting)
+        rows += breakdown_rows
     if reporting and options.json:
         report.write_json(options.json, rows)
         print(f"# wrote {len(rows)} rows to {options.json}", flush=True)
@@ -197,3 +201,55 @@ def run_header(options, sizes):
 def plot_title(options):
     return (f"{','.join(options.backends)}: world size {dist.get_world_size()}, {options.device}, {options.dtype}"
             f" ({datetime.date.today().isoformat()})")
+
+
+STAGES = ("call", "hand-off", "collective", "completion", "return")
+
+
+def stage_breakdown(sizes, groups, dtype, device, plan, reporting):
+    """Where a synchronous all_reduce's time goes on each ddplite group, per size: rows with the
+    median microseconds of each stage, the slowest rank's per iteration (rank 0 prints a table).
+
+    The stages, from the Work's own clock (steady_clock, the clock of time.perf_counter_ns):
+    call = Python's all_reduce up to the backend taking it; hand-off = taken to a thread starting
+    it (0 when the caller runs it itself); collective = the algorithm and the wire; completion =
+    its end to the Work completed; return = completed to the caller back in Python."""
+    import torch_ddp_lite
+
+    extension = torch_ddp_lite._load_extension()
+    rows = []
+    for backend, group in groups.items():
+        if group is None or not backend.startswith("ddplite") or device.type != "cpu":
+            continue
+        if reporting:
+            print(f"# all_reduce on {backend}: where the time goes (median us of the slowest rank per stage; "
+                  "call = Python to the backend, hand-off = to the thread that runs it, collective = algorithm "
+                  "and wire, completion = to the Work completed, return = back in Python)", flush=True)
+            print("#" + "".join(f"{name:>12}" for name in ("size (B)", "total", *STAGES)), flush=True)
+        for nbytes in sizes:
+            count = max(1, nbytes // torch.empty((), dtype=dtype).element_size())
+            tensor = torch.zeros(count, dtype=dtype, device=device)
+            options = dist.AllreduceOptions()
+            options.asyncOp = False  # what dist.all_reduce(t) passes
+            iterations = max(plan.min_iters, min(plan.max_iters, 200))
+            samples = []
+            for _ in range(iterations):
+                start = time.perf_counter_ns()
+                work = group.allreduce([tensor], options)
+                work.wait()
+                back = time.perf_counter_ns()
+                issued, running, ran, finished = extension.work_stages(work)
+                running = running or issued
+                samples.append([issued - start, running - issued, ran - running, finished - ran, back - finished])
+            stages = torch.tensor(samples, dtype=torch.float64)
+            dist.all_reduce(stages, op=dist.ReduceOp.MAX)  # the slowest rank's, stage by stage
+            medians = stages.median(dim=0).values / 1e3
+            total = float(stages.sum(dim=1).median()) / 1e3
+            row = {"op": "all_reduce", "backend": backend, "bytes": nbytes, "kind": "breakdown", "total_us": total,
+                   **{f"{name}_us": float(value) for name, value in zip(STAGES, medians)}}
+            rows.append(row)
+            if reporting:
+                print(" " + f"{nbytes:>12}{total:>12.1f}" + "".join(f"{float(v):>12.1f}" for v in medians), flush=True)
+        if reporting:
+            print(flush=True)
+    return rows

@@ -110,8 +110,11 @@ def _share_cores(world_size):
 # "ddplite-generic" reduces with the x86-64 baseline kernels instead of the widest set the CPU runs;
 # "ddplite-flat" and "ddplite-tree" pin how the shared-memory steps synchronise (docs/scale.md);
 # "ddplite-ondemand" and "ddplite-atinit" pin when TCP pairs connect (DDPLITE_CONNECT), which across
-# hosts also decides whether gather, scatter and all_to_all go through the hosts' leaders.
+# hosts also decides whether gather, scatter and all_to_all go through the hosts' leaders;
+# "ddplite-handoff" hands every op to the group's worker thread and sleeps in poll() at once on TCP
+# (DDPLITE_SYNC_ON_CALLER=0, DDPLITE_TCP_SPIN_US=0: ddplite before 2026-11-28), to measure both.
 BACKEND_VARIANTS = {
+    "ddplite-handoff": ("ddplite", {"DDPLITE_SYNC_ON_CALLER": "0", "DDPLITE_TCP_SPIN_US": "0"}),
     "ddplite-mpi": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "mpi"}),
     "ddplite-tcp": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "tcp"}),
     "ddplite-shm": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "shm"}),

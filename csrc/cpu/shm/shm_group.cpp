@@ -616,7 +616,11 @@ void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline 
     if (i % 64 == 0 && Clock::now() >= spinUntil) break;
   }
   RankControl& theirs = control(peer);
-  auto nextLivenessCheck = Clock::now();
+  // The first look at the peer's socket and process (two system calls and a /proc read) comes
+  // after a first slice, as waitForTree's: a wait that ends with the peer's flag costs none (with
+  // more ranks than cores, every wait takes this path). A peer that died is still named within
+  // kSleepSlice + kLivenessInterval.
+  auto nextLivenessCheck = Clock::now() + kSleepSlice;
   while (true) {
     const auto now = Clock::now();
     if (now >= deadline) throwTimeout(peer, which, target);

@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -232,6 +233,7 @@ TcpTransport::TcpTransport(int rank, int size, bool checkFingerprints)
       size_(size),
       fds_(new std::atomic<int>[static_cast<size_t>(size)]),
       addresses_(size),
+      spin_(env::tcpSpin()),
       checkFingerprints_(checkFingerprints),
       sendHeaderDue_(size, 0),
       recvHeaderDue_(size, 0),
@@ -932,11 +934,25 @@ bool TcpTransport::tryRecv(Progress& progress) {
 
 // Progresses one send and/or one receive until both are done. Either may be null.
 void TcpTransport::transfer(Progress* sending, Progress* receiving, Deadline deadline) {
+  // A small transfer retries its sockets for up to spin_ (DDPLITE_TCP_SPIN_US) before its first
+  // poll(): a peer's small message usually lands within microseconds, and a sleep in poll() costs
+  // a wake-up (tens of microseconds) on top. sched_yield between tries lets a rank that shares
+  // this core run. Measured by scripts/crosshost_bench.py (docs/benchmarks.md, "Across hosts").
+  std::optional<Deadline> spinUntil;
   while (true) {
     if (aborted_) throw TransportError(TransportError::Kind::kAborted, -1, "the group was aborted");
     bool sent = sending == nullptr || trySend(*sending);
     bool received = receiving == nullptr || tryRecv(*receiving);
     if (sent && received) return;
+    if (!spinUntil) {
+      const size_t left = (sent ? 0 : sending->left) + (received ? 0 : receiving->left);
+      spinUntil = spin_.count() > 0 && left <= env::kTcpSpinMaxBytes ? std::min(deadline, Clock::now() + spin_)
+                                                                     : Deadline::min();
+    }
+    if (Clock::now() < *spinUntil) {
+      sched_yield();
+      continue;
+    }
 
     // The transfer's own sockets, then the peers whose first message of this collective is due
     // but not yet looked at (watchedPeers): a stray header from one of them is reported now,

@@ -11,8 +11,9 @@
 //     waits for the kept one, which its own acceptor has taken or is about to take.
 //
 // Sockets are non-blocking with TCP_NODELAY. A transfer first tries the syscall directly (the
-// common case for small messages costs one syscall) and falls back to poll() only when the
-// kernel would block; poll wakes at least every kPollSliceMs to notice abort() and deadlines.
+// common case for small messages costs one syscall); when the kernel would block, a transfer of
+// at most env::kTcpSpinMaxBytes retries for DDPLITE_TCP_SPIN_US (yielding between tries), then
+// it sleeps in poll(), which wakes at least every kPollSliceMs to notice abort() and deadlines.
 //
 // Fingerprints (fingerprint.hpp): once armed by beginCollective, the first message to each peer
 // goes out with its header in front (in one send up to 4 KB, with MSG_MORE above), and the first
@@ -192,6 +193,8 @@ class TcpTransport final : public Transport {
 
   // Fingerprint state: worker thread only (beginCollective and the transfers run there). The p2p
   // mesh, used by several threads at once, is never armed, so its transfers never touch it.
+  // How long a small transfer retries its sockets before it sleeps in poll() (transfer()).
+  const std::chrono::microseconds spin_;
   const bool checkFingerprints_;
   bool armed_ = false;
   Fingerprint fingerprint_;

@@ -1,0 +1,118 @@
+"""Where a CPU collective runs, and the TCP transport's spin before it sleeps.
+
+* A collective issued with async_op=False (torch sets opts.asyncOp) runs on the calling thread
+  when the group's worker is idle: its caller blocks on it anyway, and the two thread hand-offs it
+  saves are most of a small message's time between hosts (DDPLITE_SYNC_ON_CALLER, backend.cpp
+  enqueue). An async op still returns at once while a peer is late, on every path.
+* A small TCP transfer retries its sockets for DDPLITE_TCP_SPIN_US before it sleeps in poll():
+  no result depends on it, and a peer that dies is still reported at once.
+"""
+
+import time
+
+import pytest
+
+import workers
+from harness import run_ranks
+
+LATE = 0.4  # seconds rank 1 arrives late at each op
+
+
+def _late_peer_calls(rank, world_size):
+    """Rank 0 times pg.allreduce itself (not wait()) for an async and a sync issue while rank 1
+    arrives LATE seconds after it; every rank returns the values it got."""
+    import torch
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    seen = {}
+    for name, async_op in (("async", True), ("sync", False)):
+        tensor = torch.arange(7, dtype=torch.float32) * (rank + 1)
+        if rank == 1:
+            time.sleep(LATE)
+        opts = dist.AllreduceOptions()
+        opts.asyncOp = async_op
+        start = time.monotonic()
+        work = group.allreduce([tensor], opts)
+        returned_after = time.monotonic() - start
+        done_on_return = work.is_completed()
+        work.wait()
+        seen[name] = {"returned_after": returned_after, "done_on_return": done_on_return, "values": tensor.tolist()}
+    return seen
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+@pytest.mark.parametrize("on_caller", ["1", "0"])
+def test_a_sync_op_runs_on_the_caller_and_an_async_op_stays_async(transport, on_caller):
+    results = run_ranks(_late_peer_calls, 2, env={"DDPLITE_CPU_TRANSPORT": transport,
+                                                   "DDPLITE_SYNC_ON_CALLER": on_caller})
+    expected = [float(3 * i) for i in range(7)]  # closed form: (1 + 2) * i
+    for rank in (0, 1):
+        for name in ("async", "sync"):
+            assert results[rank][name]["values"] == expected, (rank, name, results[rank][name])
+    asynchronous, synchronous = results[0]["async"], results[0]["sync"]
+    # async: handed to the worker, the call returns while rank 1 is still away
+    assert asynchronous["returned_after"] < LATE / 2 and not asynchronous["done_on_return"], asynchronous
+    if on_caller == "1":
+        # sync: ran on this thread, so the call itself waited for rank 1 and returned a finished Work
+        assert synchronous["returned_after"] > LATE * 0.6 and synchronous["done_on_return"], synchronous
+    else:
+        assert synchronous["returned_after"] < LATE / 2 and not synchronous["done_on_return"], synchronous
+
+
+def _collectives_against_closed_forms(rank, world_size):
+    """all_reduce (sum, max), broadcast and all_gather of 0, 1, odd and past-the-spin-limit element
+    counts in float32 and int64, each checked against its closed form; bitwise gloo agreement for
+    the int64 sums."""
+    import torch
+    import torch.distributed as dist
+
+    gloo = dist.new_group(backend="gloo")
+    failures = []
+    for dtype in (torch.float32, torch.int64):
+        for count in (0, 1, 1001, 70001):  # 70001 * 4 and * 8 bytes: above the 256 KiB spin limit
+            base = torch.arange(count, dtype=dtype) % 97
+            total = base * (world_size * (world_size + 1) // 2)
+            tensor = base * (rank + 1)
+            dist.all_reduce(tensor)
+            if not torch.equal(tensor, total):
+                failures.append(f"all_reduce sum {dtype} {count}")
+            if dtype == torch.int64:
+                oracle = base * (rank + 1)
+                dist.all_reduce(oracle, group=gloo)
+                if not torch.equal(oracle, tensor):
+                    failures.append(f"gloo disagrees {count}")
+            tensor = base + rank
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+            if not torch.equal(tensor, base + world_size - 1):
+                failures.append(f"all_reduce max {dtype} {count}")
+            tensor = base * (rank + 1)
+            dist.broadcast(tensor, src=world_size - 1)
+            if not torch.equal(tensor, base * world_size):
+                failures.append(f"broadcast {dtype} {count}")
+            gathered = [torch.empty_like(base) for _ in range(world_size)]
+            dist.all_gather(gathered, base + rank)
+            if any(not torch.equal(g, base + r) for r, g in enumerate(gathered)):
+                failures.append(f"all_gather {dtype} {count}")
+    dist.barrier(group=gloo)
+    return failures
+
+
+@pytest.mark.parametrize("spin_us", ["0", "100000"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_tcp_results_do_not_depend_on_the_spin(spin_us, world_size):
+    """0: every wait sleeps in poll() at once; 100000: waits of small transfers spin to the end."""
+    results = run_ranks(_collectives_against_closed_forms, world_size,
+                        env={"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_TCP_SPIN_US": spin_us})
+    assert results == [[]] * world_size, results
+
+
+def test_a_peer_that_exits_is_reported_at_once_while_spinning():
+    """Rank 0 spins (up to 0.1 s per wait) for bytes rank 1 never sends: the end of the stream
+    ends the spin as it ends a poll()."""
+    results = run_ranks(workers.receiver_sees_exit, 2, pg_timeout_s=60, timeout_s=120, may_exit={1},
+                        env={"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_TCP_SPIN_US": "100000"})
+    result = results[0]
+    assert result["type"] == "DistBackendError", result
+    assert "rank 1" in result["message"] and "closed the connection" in result["message"], result["message"]
+    assert result["seconds"] < 5.0, result
