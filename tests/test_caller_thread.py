@@ -116,3 +116,41 @@ def test_a_peer_that_exits_is_reported_at_once_while_spinning():
     assert result["type"] == "DistBackendError", result
     assert "rank 1" in result["message"] and "closed the connection" in result["message"], result["message"]
     assert result["seconds"] < 5.0, result
+
+
+def _ticks_during_a_sync_wait(rank, world_size):
+    """How often another Python thread of rank 0 ran while its dist.all_reduce (async_op=False, run
+    on the calling thread) waited LATE seconds for rank 1."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    ticks, stop = [0], threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    tensor = torch.ones(4)
+    if rank == 1:
+        time.sleep(LATE)
+    before = ticks[0]
+    dist.all_reduce(tensor)
+    during = ticks[0] - before
+    stop.set()
+    thread.join()
+    return {"ticks": during, "values": tensor.tolist()}
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_a_sync_op_run_on_the_caller_does_not_hold_the_gil(transport):
+    """The op waits for its peer with the GIL released (torch's bindings release it before the
+    backend is called), so the process's other Python threads keep running: 0.4 s at a 10 ms tick
+    is about 40 ticks."""
+    results = run_ranks(_ticks_during_a_sync_wait, 2, env={"DDPLITE_CPU_TRANSPORT": transport})
+    assert results[0]["values"] == [2.0] * 4 and results[1]["values"] == [2.0] * 4, results
+    assert results[0]["ticks"] >= 10, results[0]
