@@ -180,8 +180,13 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "work_stages",
       [](const c10::intrusive_ptr<c10d::Work>& work) -> py::object {
-        const auto* ours = dynamic_cast<const ddplite::DdpliteWork*>(work.get());
+        auto* ours = dynamic_cast<ddplite::DdpliteWork*>(work.get());
         if (ours == nullptr) return py::none();
+        // isCompleted() takes the Work's mutex, which finish() held when it completed the op: the
+        // stages written before it are visible here. An op still running is refused, not raced.
+        if (!ours->isCompleted()) {
+          throw py::value_error("work_stages: the op has not completed yet; call work.wait() first");
+        }
         const auto& stages = ours->stages();
         return py::make_tuple(stages.issued, stages.running, stages.ran, stages.finished);
       },

@@ -154,3 +154,41 @@ def test_a_sync_op_run_on_the_caller_does_not_hold_the_gil(transport):
     results = run_ranks(_ticks_during_a_sync_wait, 2, env={"DDPLITE_CPU_TRANSPORT": transport})
     assert results[0]["values"] == [2.0] * 4 and results[1]["values"] == [2.0] * 4, results
     assert results[0]["ticks"] >= 10, results[0]
+
+
+def _stages_of_ops(rank, world_size):
+    """work_stages of a finished sync op, of an async op still waiting for rank 1, and of a gloo
+    op (rank 1 is LATE at the async one)."""
+    import torch
+    import torch.distributed as dist
+    import torch_ddp_lite
+
+    extension = torch_ddp_lite._load_extension()
+    group = dist.group.WORLD
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    work = group.allreduce([torch.ones(3)], opts)
+    work.wait()
+    finished = extension.work_stages(work)
+    if rank == 1:
+        time.sleep(LATE)
+    pending = group.allreduce([torch.ones(3)])  # async: handed to the worker
+    try:
+        extension.work_stages(pending) if rank == 0 else None
+        early = "no error"
+    except ValueError as error:
+        early = str(error)
+    pending.wait()
+    gloo = dist.new_group(backend="gloo")
+    gloo_work = gloo.allreduce([torch.ones(3)])
+    gloo_work.wait()
+    return {"finished": list(finished), "early": early, "gloo": extension.work_stages(gloo_work)}
+
+
+def test_work_stages_are_ordered_and_only_read_once_the_op_completed():
+    results = run_ranks(_stages_of_ops, 2, env={"DDPLITE_CPU_TRANSPORT": "tcp"})
+    for result in results:
+        issued, running, ran, finished = result["finished"]
+        assert 0 < issued <= running <= ran <= finished, result
+        assert result["gloo"] is None, result
+    assert "has not completed yet; call work.wait() first" in results[0]["early"], results[0]

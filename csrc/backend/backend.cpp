@@ -400,6 +400,11 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
   // transport and size, as a blocking backend would. An async op stays on the worker unless it
   // is small, on shared memory, and every peer has started it (below).
   const bool inlineCandidate = issue.callerWaits || mayRunInline(outputs);
+  // The worker may still be finishing the op before (its Work completed, which woke this caller,
+  // before the worker marked itself idle) or hold earlier async ops, which must end before this
+  // one anyway: a caller that blocks on this op waits for that here, outside every lock, so that
+  // the claim below succeeds. Bounded: another thread may keep the worker busy.
+  if (issue.callerWaits) worker_->waitIdle(kCallerWaitsForIdle);
   const bool timed = timing_.load(std::memory_order_relaxed);
   c10::intrusive_ptr<DdpliteWork> work;
   OpRun run{issue.timeout};

@@ -275,6 +275,9 @@ class DdpliteBackend final : public c10d::Backend {
   // How long a caller that could run a small async op itself waits for its peers to start it
   // too before handing it to the worker (enqueue()).
   static constexpr std::chrono::microseconds kInlineWait{50};
+  // How long a caller that blocks on its op waits for the worker to finish earlier ops before
+  // handing its op to the worker after all (enqueue()).
+  static constexpr std::chrono::microseconds kCallerWaitsForIdle{10000};
   // Whether an op may run on the calling thread (see Worker::tryClaimIdle): it goes through
   // shared memory (or the group has one rank) and moves at most DDPLITE_SHM_INLINE_BYTES.
   bool mayRunInline(const std::vector<at::Tensor>& outputs) const;

@@ -37,6 +37,15 @@ bool Worker::idle() {
   return !state_->busy && state_->queue.empty();
 }
 
+void Worker::waitIdle(std::chrono::microseconds within) {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  auto idleOrStopping = [this] { return state_->stopping || (!state_->busy && state_->queue.empty()); };
+  if (idleOrStopping()) return;
+  ++state_->idleWaiters;
+  state_->becameIdle.wait_for(lock, within, idleOrStopping);
+  --state_->idleWaiters;
+}
+
 void Worker::enqueueFirst(std::function<void()> task) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->queue.push_front(std::move(task));  // the worker waits for releaseClaim(): busy is set
@@ -48,6 +57,7 @@ void Worker::releaseClaim() {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->busy = false;
     queued = state_->stopping || !state_->queue.empty();
+    if (!queued && state_->idleWaiters > 0) state_->becameIdle.notify_all();
   }
   // Wake the worker only when it has something to do: a needless wake-up costs a context switch
   // on a core the peers' ranks may need.
@@ -73,6 +83,7 @@ void Worker::drainAndStop() {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->stopping = true;
+    if (state_->idleWaiters > 0) state_->becameIdle.notify_all();
   }
   state_->wake.notify_one();
   thread_.join();
@@ -93,6 +104,7 @@ void Worker::loop(State& state) {
     task = nullptr;  // its captures (tensors, Works) go before the next wait, not at the next task
     std::lock_guard<std::mutex> lock(state.mutex);
     state.busy = false;
+    if (state.queue.empty() && state.idleWaiters > 0) state.becameIdle.notify_all();
     if (state.abandoned) return;
   }
 }

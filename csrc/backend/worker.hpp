@@ -11,6 +11,7 @@
 // the worker's: whatever one task wrote, the next one sees.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -35,6 +36,11 @@ class Worker {
   void enqueueFirst(std::function<void()> task);
   // Whether nothing is queued or running (a snapshot).
   bool idle();
+  // Blocks until nothing is queued or running (or the worker stops), at most `within`. For a
+  // caller about to issue an op it will block on anyway: whatever the worker holds was issued
+  // before it and must finish first, so waiting here costs that caller nothing, and its op can
+  // then run on its own thread (tryClaimIdle) instead of after a hand-off.
+  void waitIdle(std::chrono::microseconds within);
   // Runs every queued task, then stops the thread. Idempotent; enqueue() after it throws. On the
   // worker thread itself (its owner destroyed by a task's future callback) it drops the queued
   // tasks instead and lets the thread end after the current one (detached).
@@ -47,6 +53,8 @@ class Worker {
     std::mutex mutex;
     std::condition_variable wake;
     std::deque<std::function<void()>> queue;
+    std::condition_variable becameIdle;  // waitIdle's; notified when busy clears with nothing queued
+    int idleWaiters = 0;                  // threads in waitIdle; guarded by mutex
     bool busy = false;  // a task runs, on the worker or on a claiming caller; guarded by mutex
     bool stopping = false;
     bool abandoned = false;  // destroyed from its own thread: end after the current task
