@@ -45,6 +45,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
 import test_multihost  # noqa: E402  (Hosts: the namespaces, deleted with everything inside on exit)
+from torch_ddp_lite.bench.sweep import bandwidths, format_size, parse_size_list  # noqa: E402
 
 STORE_PORT = 29620
 # ddplite-handoff: every op through the worker thread and TCP waits sleeping at once (ddplite before
@@ -110,23 +111,6 @@ int main(int argc, char** argv) {
   return 0;
 }
 """
-
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("B")
-    return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
-
-
-def size_text(n):
-    for unit, shift in (("GB", 30), ("MB", 20), ("KB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
-
-
-def busbw(nbytes, us, ranks):
-    return nbytes / (us * 1e-6) / 1e9 * 2 * (ranks - 1) / ranks
 
 
 def write_agent(folder, network):
@@ -201,7 +185,7 @@ def c_rows(output):
 def run_layout(network, folder, agent, program, layout, options):
     hosts, per_host = (int(x) for x in layout.split("x"))
     budget = str(options.time_per_point)
-    sizes = [str(parse_size(s)) for s in options.sizes.split(",")]
+    sizes = [str(n) for n in parse_size_list(options.sizes)]
     figures = {"layout": layout, "ranks": hosts * per_host, "open_mpi_runs": [], "bench": {}, "breakdown": {}}
     for attempt in ("before", "bench", "after"):
         if attempt == "bench":
@@ -242,8 +226,8 @@ def table(figures):
         mpi_cell = f"**{m:.1f} us** ({' / '.join(f'{v:.1f}' for v in mpi_values)})" if m else "-"
         cell = lambda t: f"{t:.1f} us" if t else "-"  # noqa: E731
         ratio = lambda other: f"{other / d:.2f}x" if other else "-"  # noqa: E731
-        lines.append(f"| {size_text(nbytes)} | {cell(d)} | {cell(h)} | {cell(g)} | {mpi_cell} | "
-                     f"{busbw(nbytes, d, ranks):.3f} GB/s | {ratio(h)} | {ratio(g)} | {ratio(m)} |")
+        lines.append(f"| {format_size(nbytes)} | {cell(d)} | {cell(h)} | {cell(g)} | {mpi_cell} | "
+                     f"{bandwidths('all_reduce', nbytes, d * 1e-6, ranks)[1]:.3f} GB/s | {ratio(h)} | {ratio(g)} | {ratio(m)} |")
     return "\n".join(lines)
 
 
@@ -253,7 +237,7 @@ def breakdown_table(figures):
     for backend in sorted(rows):
         for nbytes in sorted(rows[backend]):
             row = rows[backend][nbytes]
-            lines.append(f"| {backend} | {size_text(nbytes)} | {row['total_us']:.1f} | "
+            lines.append(f"| {backend} | {format_size(nbytes)} | {row['total_us']:.1f} | "
                          + " | ".join(f"{row[f'{name}_us']:.1f}" for name in STAGES) + " |")
     return "\n".join(lines)
 
