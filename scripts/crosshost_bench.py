@@ -5,6 +5,7 @@ MPI_Allreduce timed the same way by a small C program, all under one mpirun set-
 
     sudo python3 scripts/crosshost_bench.py                        # 2x1 and 4x2, 8 B to 64 MB
     sudo python3 scripts/crosshost_bench.py --layouts 2x1 --sizes 8,64K,1M --markdown /tmp/x.md
+    sudo python3 scripts/crosshost_bench.py --layouts 2x2,4x2 --backends ddplite,ddplite-leaders,gloo
 
 A layout HxL is H namespace hosts of L ranks each (the bridge and veth pairs of
 tests/test_multihost.py: host i has eth0 = 10.231.0.(i+1)). For each layout, in this order:
@@ -14,7 +15,8 @@ tests/test_multihost.py: host i has eth0 = 10.231.0.(i+1)). For each layout, in 
   2. the same mpirun set-up runs `python -m torch_ddp_lite.bench --backends
      ddplite,ddplite-handoff,gloo --breakdown` (interleaved in that one run; ddplite-handoff is
      ddplite with every op handed to its worker thread and TCP waits sleeping at once, as before
-     2026-11-28), then its per-stage breakdown of a synchronous all_reduce;
+     2026-11-28; --backends picks other columns, e.g. ddplite-leaders, every all_reduce through the
+     hosts' leaders instead of on rails), then its per-stage breakdown of a synchronous all_reduce;
   3. the C program again: Open MPI's column is the faster of the two runs around the bench (the
      bar ddplite is held to; both are kept in the JSON: the machine's load drifts).
 mpirun's launch agent enters each host's namespace under a host name of its own (Open MPI names
@@ -186,12 +188,13 @@ def run_layout(network, folder, agent, program, layout, options):
     hosts, per_host = (int(x) for x in layout.split("x"))
     budget = str(options.time_per_point)
     sizes = [str(n) for n in parse_size_list(options.sizes)]
-    figures = {"layout": layout, "ranks": hosts * per_host, "open_mpi_runs": [], "bench": {}, "breakdown": {}}
+    figures = {"layout": layout, "ranks": hosts * per_host, "backends": options.backends.split(","),
+               "open_mpi_runs": [], "bench": {}, "breakdown": {}}
     for attempt in ("before", "bench", "after"):
         if attempt == "bench":
             json_path = os.path.join(folder, f"bench_{layout}.json")
             rc, output = mpirun(network, folder, agent, hosts, per_host,
-                                [sys.executable, "-m", "torch_ddp_lite.bench", "--backends", BACKENDS,
+                                [sys.executable, "-m", "torch_ddp_lite.bench", "--backends", options.backends,
                                  "--ops", "all_reduce", "--sizes", options.sizes, "--time-per-point", budget,
                                  "--json", json_path, "--breakdown"], options.timeout)
             if rc != 0 or not os.path.exists(json_path):
@@ -214,20 +217,23 @@ def run_layout(network, folder, agent, program, layout, options):
 def table(figures):
     ranks = figures["ranks"]
     bench = figures["bench"]
-    ddplite, handoff, gloo = (bench.get(name, {}) for name in ("ddplite", "ddplite-handoff", "gloo"))
+    names = [name for name in figures.get("backends", BACKENDS.split(",")) if name in bench]
+    others = [name for name in names if name != "ddplite"]
+    ddplite = bench.get("ddplite", {})
     runs = figures["open_mpi_runs"]
-    lines = ["| size | ddplite | ddplite-handoff | gloo | Open MPI (MPI_Allreduce) | ddplite busbw "
-             "| vs handoff | vs gloo | vs Open MPI |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| size | " + " | ".join(names) + " | Open MPI (MPI_Allreduce) | ddplite busbw | "
+             + " | ".join(f"vs {name.replace('ddplite-', '')}" for name in others) + " | vs Open MPI |",
+             "|---:|" + "---:|" * (len(names) + 2 + len(others) + 1)]
     for nbytes in sorted(ddplite):
-        d, h, g = ddplite[nbytes], handoff.get(nbytes), gloo.get(nbytes)
+        d = ddplite[nbytes]
         mpi_values = [run[nbytes] for run in runs if nbytes in run]
         m = min(mpi_values) if mpi_values else None  # the faster of its runs: the bar ddplite is held to
         mpi_cell = f"**{m:.1f} us** ({' / '.join(f'{v:.1f}' for v in mpi_values)})" if m else "-"
         cell = lambda t: f"{t:.1f} us" if t else "-"  # noqa: E731
         ratio = lambda other: f"{other / d:.2f}x" if other else "-"  # noqa: E731
-        lines.append(f"| {format_size(nbytes)} | {cell(d)} | {cell(h)} | {cell(g)} | {mpi_cell} | "
-                     f"{bandwidths('all_reduce', nbytes, d * 1e-6, ranks)[1]:.3f} GB/s | {ratio(h)} | {ratio(g)} | {ratio(m)} |")
+        lines.append(f"| {format_size(nbytes)} | " + " | ".join(cell(bench[name].get(nbytes)) for name in names)
+                     + f" | {mpi_cell} | {bandwidths('all_reduce', nbytes, d * 1e-6, ranks)[1]:.3f} GB/s | "
+                     + " | ".join(ratio(bench[name].get(nbytes)) for name in others) + f" | {ratio(m)} |")
     return "\n".join(lines)
 
 
@@ -246,6 +252,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layouts", default="2x1,4x2", help="hosts x ranks per host, comma-separated")
     parser.add_argument("--sizes", default="8,64K,1M,16M,64M", help="all_reduce sizes (K/M suffixes)")
+    parser.add_argument("--backends", default=BACKENDS,
+                        help="the bench's columns, ddplite first (torch_ddp_lite.bench --backends; e.g. add "
+                             "ddplite-leaders: every all_reduce across hosts through the hosts' leaders)")
     parser.add_argument("--time-per-point", type=float, default=0.3, help="seconds per size and backend")
     parser.add_argument("--iperf-seconds", type=int, default=5, help="seconds per iperf3 run (0: no link figures)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds before one mpirun run is killed")
@@ -296,7 +305,7 @@ def render(options, link, results):
     head = [f"Measured {datetime.date.today()} by `sudo python3 scripts/crosshost_bench.py --layouts "
             f"{options.layouts} --sizes {options.sizes}` on `{platform.node()}` ({os.cpu_count()} CPUs, load "
             f"{load:.1f} at the end), torch {torch.__version__}, {mpi_version}. float32 sum; time = median of the "
-            "slowest rank per iteration; ddplite, ddplite-handoff and gloo interleaved in one run; Open MPI's "
+            f"slowest rank per iteration; {', '.join(options.backends.split(','))} interleaved in one run; Open MPI's "
             "column is the faster of its two runs around that one (both in brackets); `vs X` = X's time / "
             "ddplite's (above 1x: ddplite faster)."]
     one, both = link.get("one_stream"), link.get("both_ways") or (None, None)

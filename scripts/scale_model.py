@@ -17,6 +17,8 @@ Per path (S bytes, P ranks; L per host, H hosts; x = processes per core):
                   ring above: 2(P-1) steps per round of P x 256 KiB, 2(P-1)/P S sent per rank
                   t = o + steps (α + w_tcp (x - 1)) + bytes sent β + bytes reduced γ
   hierarchical:   o + [reduce to the leader + its broadcast, in each host] + all_reduce of the H leaders
+  rails (from DDPLITE_RAILS_BYTES): o + [reduce to every rank's part + gather the parts, in each host]
+                  + all_reduce of S/L among H ranks, the L rails at once (every process busy: x = procs/cores)
 """
 
 import argparse
@@ -116,6 +118,12 @@ def shm_reduce_bcast_traffic(nbytes, ranks):
     return 2 * max(1, math.ceil(nbytes / SHM_CHUNK)), leader, leader + (ranks - 1) * 4 * nbytes
 
 
+def shm_rails_traffic(nbytes, ranks):
+    """reduceToParts + gatherParts (allreduce.cpp, allgather.cpp): every rank (5 + 3/L) S, 3 syncs per chunk."""
+    per_rank = (5 + 3 / ranks) * nbytes
+    return 3 * max(1, math.ceil(nbytes / SHM_CHUNK)), per_rank, ranks * per_rank
+
+
 # ---------------------------------------------------------------- fitting
 
 def fit_relative(design, seconds):
@@ -180,6 +188,14 @@ def hierarchical_s(c, host, net, nbytes, hosts, per_host):
     return c["o_tcp_us"] * 1e-6 + inside + leaders, inside, leaders
 
 
+def rails_s(c, host, net, nbytes, hosts, per_host):
+    """(total, inside the hosts, the rails) of allreduce_hierarchical.cpp on rails."""
+    syncs, busiest, total = shm_rails_traffic(nbytes, per_host)
+    inside = syncs * sync_s(c, host, per_host) + memory_s(c, host, busiest, total)
+    rails = tcp_allreduce_s(c, net, nbytes / per_host, hosts, host["procs"] / host["cores"])
+    return c["o_tcp_us"] * 1e-6 + inside + rails, inside, rails
+
+
 def flat_across_hosts_s(c, host, net, nbytes, hosts, per_host):
     """Every rank on TCP (DDPLITE_CPU_TRANSPORT=tcp); every step, loopback too, at the network's α."""
     steps, sent, reduced = tcp_plan(nbytes, hosts * per_host)
@@ -234,6 +250,16 @@ def checks(c):
             out.append((f"hierarchical {hosts}x2, {format_size(s)}", hierarchical_s(c, vm(p), net, s, hosts, 2)[0],
                         measured(timed, "ddplite", p, s)))
             out.append((f"flat TCP {hosts}x2, {format_size(s)}", flat(s, p, p / 2), measured(timed, "ddplite-tcp", p, s)))
+    # rails against the leaders, 2 and 4 namespace hosts x 2 ranks (2026-11-29, one interleaved run each)
+    for name, hosts in (("crosshost/rails_2x2.json", 2), ("crosshost/rails_4x2.json", 4)):
+        if not os.path.exists(os.path.join(ROOT, "docs", "data", name)):
+            continue
+        timed, p = rows(name), 2 * hosts
+        for s in (4 * MIB, 16 * MIB, 64 * MIB):
+            out.append((f"rails {hosts}x2, {format_size(s)}", rails_s(c, vm(p), net, s, hosts, 2)[0],
+                        measured(timed, "ddplite", p, s)))
+            out.append((f"hierarchical (leaders) {hosts}x2, {format_size(s)}",
+                        hierarchical_s(c, vm(p), net, s, hosts, 2)[0], measured(timed, "ddplite-leaders", p, s)))
     # 64 on 2 cores; the run after the selector took butterfly up to 8 KiB x P (2026-11-26)
     if os.path.exists(os.path.join(ROOT, "docs", "data", "scale", "hosts_16x4_allreduce_on_demand.json")):
         sixteen = rows("scale/hosts_16x4_allreduce_on_demand.json")
@@ -258,6 +284,7 @@ def predictions(c, options):
                         "leaders_butterfly_s": tcp_allreduce_s(c, assumed, s, hosts, per_host / options.host_cores,
                                                               "butterfly"),
                         "hierarchical_veth_s": hierarchical_s(c, host, fitted_net(c), s, hosts, per_host)[0],
+                        "rails_s": rails_s(c, host, assumed, s, hosts, per_host)[0],
                         "flat_tcp_s": flat_across_hosts_s(c, host, assumed, s, hosts, per_host),
                         "one_host_of_64_s": shm_allreduce_s(c, host, s, per_host)})
     return out
@@ -266,7 +293,8 @@ def predictions(c, options):
 # ---------------------------------------------------------------- resources per rank
 
 KNOBS = ("DDPLITE_CPU_TRANSPORT=auto\nDDPLITE_SHM_CHUNK_BYTES=524288\nDDPLITE_RING_SEGMENT_BYTES=262144\n"
-         "DDPLITE_TREE_CHUNK_BYTES=262144\nDDPLITE_FINGERPRINT=1\nDDPLITE_AUTH=1\nDDPLITE_CUDA_STAGING=auto\n")
+         "DDPLITE_TREE_CHUNK_BYTES=262144\nDDPLITE_FINGERPRINT=1\nDDPLITE_AUTH=1\nDDPLITE_CUDA_STAGING=auto\n"
+         "DDPLITE_RAILS_BYTES=2097152\n")
 IDENTITY = len("h" * 16 + " boot " + "0" * 36 + " netns net:[4026531833] shm 25")  # a 16-character host name
 
 
@@ -408,10 +436,10 @@ def report(c, checked, predicted, resource_rows, options):
           f"{options.host_cores} cores and {options.host_mem_gbps} GB/s of memory; {options.shm_line_us} us per "
           "cache line a sync touches (flat: each rank past 2; tree: k per level). 'veth' takes α_tcp, β_tcp fitted here for the network instead.")
     table(["ranks", "size", "hierarchical", "in hosts", "leader's bytes alone", "leaders' TCP", "leaders, butterfly",
-           "hierarchical, veth", "flat TCP", "one host of 64"],
+           "rails", "hierarchical, veth", "flat TCP", "one host of 64"],
           [(f"{p['ranks']:,} ({p['hosts']}x64)", format_size(p["bytes"]), text(p["hierarchical_s"]),
             text(p["inside_hosts_s"]), text(p["leader_bytes_alone_s"]), text(p["leaders_s"]),
-            text(p["leaders_butterfly_s"]),
+            text(p["leaders_butterfly_s"]), text(p["rails_s"]),
             text(p["hierarchical_veth_s"]), text(p["flat_tcp_s"]), text(p["one_host_of_64_s"])) for p in predicted])
     table(["ranks", "threads: ddplite / process", "sockets", "fds (+ on the store's host)", "/dev/shm per host",
            "channel ring", "store requests (+ segment's first rank)", "store requests, all ranks",

@@ -424,6 +424,89 @@ def test_hierarchical_collectives_across_hosts(hosts, layout, connect):
     assert network.pids() == []
 
 
+RAILS_RANK = """
+import json, os, pickle, sys, tempfile
+from datetime import timedelta
+sys.path.insert(0, sys.argv[5])
+import torch, torch.distributed as dist
+import torch_ddp_lite, sweeps
+url, rank, size, counts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+dtypes = [getattr(torch, name) for name in json.loads(sys.argv[6])] if json.loads(sys.argv[6]) else None
+dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=120))
+outcome = {"path": list(torch_ddp_lite.cpu_path())}
+result = sweeps.SWEEPS["allreduce"](rank, size, counts, dtypes)
+outcome["allreduce"] = {"failures": result["failures"][:5], "checked": result["checked"]}
+# one op, several collectives across hosts (one per dtype): on rails, on the leaders (one element,
+# fewer than the rails), on rails again; each rank numbers their wire parts alike
+mixed = [torch.full((1001,), float(rank + 1)), torch.full((1,), rank + 1, dtype=torch.int64),
+         torch.full((2003,), float(rank + 1), dtype=torch.float64), torch.full((77,), 2 * rank + 1, dtype=torch.int32)]
+# torch.distributed.all_reduce_coalesced refuses mixed dtypes; the process group's own call does not
+dist.group.WORLD.allreduce_coalesced(mixed, dist.AllreduceCoalescedOptions()).wait()
+total = size * (size + 1) // 2
+outcome["coalesced"] = [bool(torch.equal(mixed[0], torch.full((1001,), float(total)))),
+                        bool(torch.equal(mixed[1], torch.full((1,), total, dtype=torch.int64))),
+                        bool(torch.equal(mixed[2], torch.full((2003,), float(total), dtype=torch.float64))),
+                        bool(torch.equal(mixed[3], torch.full((77,), size * size, dtype=torch.int32)))]
+# several chunks of the segment per part, an odd count; MAX and AVG over rails too
+big = torch.arange(3_000_001, dtype=torch.float64) + rank
+dist.all_reduce(big)
+outcome["big"] = bool(torch.equal(big, torch.arange(3_000_001, dtype=torch.float64) * size + (size - 1) * size / 2))
+peak = torch.arange(1_000_003, dtype=torch.float32) * (rank + 1)
+dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+outcome["max"] = bool(torch.equal(peak, torch.arange(1_000_003, dtype=torch.float32) * size))
+mean = torch.full((500_001,), float(rank), dtype=torch.float64)
+dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+outcome["avg"] = bool(torch.equal(mean, torch.full_like(mean, (size - 1) / 2)))
+# what ran them: the flight recorder names the path
+probe = torch.ones(size)
+dist.all_reduce(probe)
+dist.all_reduce(torch.ones(size - 1))  # one element fewer than the most crowded host's ranks... or not
+dist.all_reduce(torch.ones(1))
+with open(torch_ddp_lite.dump_flight_recorder(os.path.join(tempfile.mkdtemp(), "trace")), "rb") as dump:
+    outcome["recorded"] = [e["ddplite_algorithm"] for e in pickle.load(dump)["entries"][-3:]]
+dist.destroy_process_group()
+print("OUTCOME " + json.dumps(outcome), flush=True)
+"""
+
+
+@pytest.mark.parametrize("layout", [[0, 0, 1, 1], [0, 0, 0, 1], [0, 1, 0, 2, 1, 2, 2]],
+                         ids=["2+2", "3+1", "2+2+3-interleaved"])
+def test_all_reduce_on_rails_across_hosts(hosts, layout):
+    """DDPLITE_RAILS_BYTES=1 puts every all_reduce of at least one element per rail on rails: each
+    host reduces through its segment to its ranks' parts, every rank all-reduces its parts over TCP
+    with its rail (one rank per host; a host with fewer ranks than the rails gives a rank several,
+    3+1: the lone rank carries all three), and each host gathers the parts. Against the closed form
+    and gloo (every dtype and op, counts 0, 1, 3, 1000, each algorithm pinned and the default), an
+    all_reduce_coalesced of four dtypes in one op (rails, leaders, rails, rails: the wire parts
+    must be numbered alike on every rank; through the process group's own allreduce_coalesced,
+    since torch.distributed.all_reduce_coalesced refuses mixed dtypes), 3,000,001 float64 (several segment chunks per part),
+    MAX and AVG; the flight recorder names "hierarchical-rails" from as many elements as the most
+    crowded host holds ranks, "hierarchical" (the leaders) below."""
+    network = hosts(max(layout) + 1)
+    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
+    env = host_environment("eth0", GLOO_SOCKET_IFNAME="eth0", DDPLITE_RAILS_BYTES="1")
+    dtypes = json.dumps(["int32", "float64"] if len(layout) > 5 else None)  # exact sums (see above)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    jobs = [start(network.run(host, [sys.executable, "-c", RAILS_RANK, url, str(rank), str(len(layout)),
+                                     json.dumps([0, 1, 3, 1000]), tests_dir, dtypes]), env)
+            for rank, host in enumerate(layout)]
+    results = finish(jobs, timeout=600)
+    rails = max(layout.count(host) for host in set(layout))
+    for rank, (returncode, output, _) in enumerate(results):
+        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
+        assert returncode == 0 and reported, f"rank {rank}:\n{output[-6000:]}"
+        outcome = json.loads(reported[0][len("OUTCOME "):])
+        path, why = outcome["path"]
+        assert path == "hierarchical" and f"all_reduce from 1 bytes (DDPLITE_RAILS_BYTES) on {rails} rails" in why, why
+        assert outcome["allreduce"]["failures"] == [] and outcome["allreduce"]["checked"] > 0, (rank, outcome)
+        assert outcome["coalesced"] == [True] * 4, (rank, outcome)
+        assert (outcome["big"], outcome["max"], outcome["avg"]) == (True, True, True), (rank, outcome)
+        size = len(layout)
+        expected = ["hierarchical-rails" if count >= rails else "hierarchical" for count in (size, size - 1, 1)]
+        assert outcome["recorded"] == expected, (rank, outcome["recorded"])
+    assert network.pids() == []
+
+
 PLACEMENT_RANK = """
 import json, sys
 from datetime import timedelta
@@ -495,6 +578,9 @@ dist.init_process_group("ddplite", store=store, rank=rank, world_size=size, time
 outcome = {"path_before": torch_ddp_lite.cpu_path()[0]}
 tensor = torch.ones(4_000_000)
 dist.all_reduce(tensor)  # everyone is in, connected and warm
+import pickle, tempfile
+with open(torch_ddp_lite.dump_flight_recorder(os.path.join(tempfile.mkdtemp(), "trace")), "rb") as dump:
+    outcome["algorithm"] = pickle.load(dump)["entries"][-1]["ddplite_algorithm"]  # what the loop runs
 if rank == victim:
     os.kill(os.getpid(), signal.SIGKILL)
 start = time.monotonic()
@@ -529,9 +615,12 @@ print("OUTCOME " + json.dumps(outcome), flush=True)
 """
 
 
-@pytest.mark.parametrize("victim", [3, 2, 0], ids=["non-leader", "leader", "rank-0"])
-def test_rank_killed_across_hosts_is_reported_everywhere_and_the_survivors_shrink(hosts, victim):
-    """2 hosts x 2 ranks, all_reduce hierarchical, group timeout 300 s, the store hosted apart (as
+@pytest.mark.parametrize("victim,rails", [(3, True), (2, True), (0, True), (3, False)],
+                         ids=["non-leader", "leader", "rank-0", "non-leader-leaders-path"])
+def test_rank_killed_across_hosts_is_reported_everywhere_and_the_survivors_shrink(hosts, victim, rails):
+    """2 hosts x 2 ranks, a 16 MB all_reduce in a loop, hierarchical: on rails (the default from 2 MiB;
+    the flight recorder says "hierarchical-rails"), or through the hosts' leaders (DDPLITE_RAILS_BYTES=0,
+    "hierarchical"). Group timeout 300 s, the store hosted apart (as
     torchrun's agent does): kill -9 of a rank (host 1's leader, rank 2; rank 3; or rank 0, the
     leader of the leaders) makes every survivor raise a DistBackendError within seconds, on either
     host (inside a host the segment's liveness probe sees it; across hosts the leaders' TCP
@@ -539,7 +628,7 @@ def test_rank_killed_across_hosts_is_reported_everywhere_and_the_survivors_shrin
     across the 2 hosts is hierarchical again and gives the closed forms of all_reduce (small and 12
     MB), all_gather and broadcast. Nothing is left in /dev/shm."""
     network = hosts(2)
-    env = host_environment("eth0")
+    env = host_environment("eth0", **({} if rails else {"DDPLITE_RAILS_BYTES": "0"}))
     before = {name for name in os.listdir("/dev/shm") if name.startswith("ddplite-")}
     store = start(network.run(0, [sys.executable, "-c", STORE_HOST, network.addresses[0], str(STORE_PORT)]), env)
     try:
@@ -565,6 +654,7 @@ def test_rank_killed_across_hosts_is_reported_everywhere_and_the_survivors_shrin
         assert returncode == 0 and reported, f"rank {rank}:\n{output[-5000:]}"
         outcome = json.loads(reported[0][len("OUTCOME "):])
         assert outcome["path_before"] == "hierarchical", outcome
+        assert outcome["algorithm"] == ("hierarchical-rails" if rails else "hierarchical"), outcome
         assert outcome["raised"] == "DistBackendError", (rank, outcome)
         assert outcome["seconds"] < 10, (rank, outcome)
         assert f"rank {victim}" in outcome["message"], (rank, outcome["message"])

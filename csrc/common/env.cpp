@@ -33,6 +33,7 @@ constexpr const char* kShmChunkBytes = "DDPLITE_SHM_CHUNK_BYTES";
 constexpr const char* kShmInlineBytes = "DDPLITE_SHM_INLINE_BYTES";
 constexpr const char* kTcpSpinUs = "DDPLITE_TCP_SPIN_US";
 constexpr const char* kSyncOnCaller = "DDPLITE_SYNC_ON_CALLER";
+constexpr const char* kRailsBytes = "DDPLITE_RAILS_BYTES";
 constexpr const char* kCpuKernels = "DDPLITE_CPU_KERNELS";
 constexpr const char* kConnect = "DDPLITE_CONNECT";
 constexpr const char* kShmSync = "DDPLITE_SHM_SYNC";
@@ -58,6 +59,7 @@ constexpr int64_t kMaximumShmChunkBytes = int64_t{1} << 30;
 constexpr int64_t kDefaultShmInlineBytes = 256 << 10;
 constexpr int64_t kDefaultTcpSpinUs = 50;
 constexpr int64_t kMaximumTcpSpinUs = 100000;
+constexpr int64_t kDefaultRailsBytes = 2 << 20;
 constexpr int64_t kDefaultTraceBufferSize = 2000;
 constexpr int64_t kMaximumTraceBufferSize = 1000000;
 constexpr const char* kDefaultTracePrefix = "/tmp/ddplite_traces/ddplite_trace_rank_";
@@ -166,6 +168,11 @@ const std::vector<Knob>& allKnobs() {
               "yielding the CPU between tries, before it sleeps in poll(); only for transfers of at most ",
               kTcpSpinMaxBytes >> 10, " KiB. The wake-up it saves is most of a small message's time between "
               "hosts. 0: always sleep at once (0 to ", kMaximumTcpSpinUs, ")")},
+      {kRailsBytes, std::to_string(kDefaultRailsBytes),
+       "Across hosts: an all_reduce of at least this many bytes runs on rails, every rank of a host carrying "
+       "its share of the data between hosts (reduce-scatter in the host's segment, one all_reduce per rail "
+       "over TCP, all-gather in the segment) instead of the hosts' leaders alone. 0: the leaders carry every "
+       "all_reduce. Read when a group is created; must be the same on every rank"},
       {kCpuKernels, "auto",
        "Which compilation of the CPU reduction kernels runs: 'auto' (the widest this CPU runs), 'avx512', "
        "'avx2' or 'generic' (x86-64 baseline). Every set gives the same bits; pinning one is for measuring "
@@ -243,6 +250,7 @@ void validateAll() {
   readBytes(kTcpSpinUs, kDefaultTcpSpinUs, 0, kMaximumTcpSpinUs, "microseconds");
   readChoice(kFingerprint, kSwitch);
   readChoice(kSyncOnCaller, kSwitch);
+  readBytes(kRailsBytes, kDefaultRailsBytes, 0);
   readChoice(kAuth, kSwitch);
   readChoice(kConnect, kConnectModes);
   readChoice(kShmSync, kShmSyncModes);
@@ -307,6 +315,8 @@ std::chrono::microseconds tcpSpin() {
   return std::chrono::microseconds(readBytes(kTcpSpinUs, kDefaultTcpSpinUs, 0, kMaximumTcpSpinUs, "microseconds"));
 }
 
+int64_t railsBytes() { return readBytes(kRailsBytes, kDefaultRailsBytes, 0); }
+
 std::string algorithmSpec() {
   const char* value = rawValue(kAlgo);
   return value != nullptr ? value : "";
@@ -340,6 +350,7 @@ std::vector<std::pair<std::string, std::string>> groupWideSettings() {
                                     : std::to_string(readBytes(kShmTreeFanIn, kDefaultShmTreeFanIn, 2,
                                                                kMaximumShmTreeFanIn, "arrivals"))},
       {kCudaStaging, *(kStagings.begin() + readChoice(kCudaStaging, kStagings))},
+      {kRailsBytes, std::to_string(railsBytes())},
   };
 }
 

@@ -74,6 +74,12 @@ bool syncOpsOnCaller();
 inline constexpr size_t kTcpSpinMaxBytes = 256 << 10;
 std::chrono::microseconds tcpSpin();
 
+// DDPLITE_RAILS_BYTES: an all_reduce across hosts of at least this many bytes runs on rails, every
+// rank of a host carrying its share between hosts (cpu/hierarchy/allreduce_hierarchical.cpp); 0:
+// never. Read each time (a group reads it when it is created); throws std::invalid_argument naming
+// the knob for a bad value.
+int64_t railsBytes();
+
 // DDPLITE_CPU_KERNELS: "auto" (default) or the name of a reduction kernel set, lower-cased. The
 // name is checked by cpu/reduce/reduce_kernels.cpp (it knows the sets and what this CPU runs).
 std::string cpuKernels();

@@ -219,6 +219,8 @@ void announceTcpCollective(const CpuContext& ctx, const Fingerprint& fingerprint
 void runAcrossHosts(const CpuContext& ctx, Collective collective, const AlgorithmArgs& args,
                     const Fingerprint& fingerprint, size_t bufferBytes) {
   HostHierarchy& hosts = *ctx.hosts;
+  const bool railsWanted = collective == Collective::kAllreduce && hosts.allreduceOnRails(args.count, bufferBytes);
+  if (hosts.claimParts(fingerprint.seq, railsWanted) && ctx.algorithm != nullptr) *ctx.algorithm = "hierarchical-rails";
   switch (collective) {
     case Collective::kAllreduce: return hierarchy::allreduceAcrossHosts(hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);
     case Collective::kBroadcast: return hierarchy::broadcastAcrossHosts(hosts, args, fingerprint, bufferBytes, ctx.refusedSeq);

@@ -174,6 +174,10 @@ void CpuPath::connectHostHierarchy(Setup& setup, const std::string& spansHosts) 
   } else {
     why_ += exchanges ? "; all_to_all over TCP" : "; gather, scatter and all_to_all over TCP";
   }
+  if (hosts_->railsFromBytes() > 0 && hosts_->rails() <= HostHierarchy::kMaxRails) {
+    why_ += strCat("; all_reduce from ", hosts_->railsFromBytes(), " bytes (DDPLITE_RAILS_BYTES) on ", hosts_->rails(),
+                   " rails instead, every rank of a host carrying its share across hosts");
+  }
   if (hosts_->local() != nullptr) {
     why_ += strCat("; steps in this host's segment synchronise through ", hosts_->local()->syncDescription());
   }

@@ -36,7 +36,8 @@ def common_options():
                              "ddplite-atinit pin DDPLITE_CONNECT (across hosts: gather, scatter and all_to_all through "
                              "the hosts' leaders, or flat over TCP); ddplite-handoff hands every op to the worker "
                              "thread and sleeps in poll() at once on TCP (DDPLITE_SYNC_ON_CALLER=0, "
-                             "DDPLITE_TCP_SPIN_US=0); memcpy is the "
+                             "DDPLITE_TCP_SPIN_US=0); ddplite-leaders carries every all_reduce across hosts "
+                             "through the hosts' leaders, never on rails (DDPLITE_RAILS_BYTES=0); memcpy is the "
                              "reference: every rank copies the same bytes between two of its own buffers at once "
                              "(algbw = busbw = bytes / time)")
     parser.add_argument("--world-size", type=int, default=2,
@@ -113,7 +114,7 @@ def known_backends(device):
     import torch_ddp_lite
 
     known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-shm", "ddplite-unchecked", "ddplite-generic", "ddplite-flat",
-             "ddplite-tree", "ddplite-ondemand", "ddplite-atinit", "ddplite-handoff", MEMCPY]
+             "ddplite-tree", "ddplite-ondemand", "ddplite-atinit", "ddplite-handoff", "ddplite-leaders", MEMCPY]
     if torch_ddp_lite.build_info()["mpi"]:
         known.append("ddplite-mpi")
     if dist.is_mpi_available():

@@ -112,8 +112,11 @@ def _share_cores(world_size):
 # "ddplite-ondemand" and "ddplite-atinit" pin when TCP pairs connect (DDPLITE_CONNECT), which across
 # hosts also decides whether gather, scatter and all_to_all go through the hosts' leaders;
 # "ddplite-handoff" hands every op to the group's worker thread and sleeps in poll() at once on TCP
-# (DDPLITE_SYNC_ON_CALLER=0, DDPLITE_TCP_SPIN_US=0: ddplite before 2026-11-28), to measure both.
+# (DDPLITE_SYNC_ON_CALLER=0, DDPLITE_TCP_SPIN_US=0: ddplite before 2026-11-28), to measure both;
+# "ddplite-leaders" carries every all_reduce across hosts through the hosts' leaders, never on rails
+# (DDPLITE_RAILS_BYTES=0).
 BACKEND_VARIANTS = {
+    "ddplite-leaders": ("ddplite", {"DDPLITE_RAILS_BYTES": "0"}),
     "ddplite-handoff": ("ddplite", {"DDPLITE_SYNC_ON_CALLER": "0", "DDPLITE_TCP_SPIN_US": "0"}),
     "ddplite-mpi": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "mpi"}),
     "ddplite-tcp": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "tcp"}),

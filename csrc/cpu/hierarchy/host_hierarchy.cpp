@@ -13,6 +13,19 @@ namespace ddplite::cpu {
 
 namespace {
 
+// Wire parts given by claimParts: from 1 (0 is where the transport's own numbering starts, for a
+// TCP collective of the op that does not go through the hierarchy) to 254 (255 is kProxiesPart);
+// past that, one-part collectives start from 1 again, as the transport's own numbering wraps.
+constexpr int kFirstGivenPart = 1;
+constexpr int kLastGivenPart = kProxiesPart - 1;
+
+// The ranks of rail `rail`, one per host in host order: host h's rank of index rail mod ranksOn(h).
+std::vector<int> railRanks(const std::vector<std::vector<int>>& hosts, int rail) {
+  std::vector<int> ranks;
+  for (const auto& onHost : hosts) ranks.push_back(onHost[static_cast<size_t>(rail) % onHost.size()]);
+  return ranks;
+}
+
 // The group's ranks by host, hosts in the order of their lowest rank, ranks ascending: the layout
 // rank 0 published in ShmSegment::create (rendezvous/host_layout.hpp).
 std::vector<std::vector<int>> ranksByHost(StoreRendezvous& rendezvous, int size) {
@@ -94,7 +107,43 @@ std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous
     return nullptr;
   }
   if (rank == mine->front() && hosts.size() > 1) hierarchy->leaders_ = std::make_unique<RankView>(mesh, leaders);
+  hierarchy->railsFromBytes_ = env::railsBytes();
+  const int myIndex = hierarchy->indexOnHost_[static_cast<size_t>(rank)];
+  for (int rail = myIndex; rail < hierarchy->maxRanksPerHost_ && hosts.size() > 1; rail += static_cast<int>(mine->size())) {
+    hierarchy->myRails_.push_back(rail);
+    hierarchy->railViews_.push_back(std::make_unique<RankView>(mesh, railRanks(hosts, rail)));
+  }
   return hierarchy;
+}
+
+bool HostHierarchy::allreduceOnRails(size_t count, size_t bufferBytes) const {
+  return railsFromBytes_ > 0 && bufferBytes >= static_cast<uint64_t>(railsFromBytes_) && hosts_ > 1 &&
+         rails() <= kMaxRails && count >= static_cast<size_t>(rails());
+}
+
+bool HostHierarchy::claimParts(uint64_t seq, bool railsWanted) {
+  if (seq != partsSeq_) nextPart_ = kFirstGivenPart;
+  partsSeq_ = seq;
+  onRails_ = railsWanted && nextPart_ + rails() - 1 <= kLastGivenPart;
+  if (!onRails_ && nextPart_ > kLastGivenPart) nextPart_ = kFirstGivenPart;
+  claimedPart_ = nextPart_;
+  nextPart_ += onRails_ ? rails() : 1;
+  return onRails_;
+}
+
+void HostHierarchy::allreduceOnRail(int rail, const AlgorithmArgs& args, Fingerprint fingerprint) {
+  const auto at = std::find(myRails_.begin(), myRails_.end(), rail);
+  DDPLITE_ENFORCE(at != myRails_.end(), "rank ", rank_, " does not carry rail ", rail);
+  RankView& view = *railViews_[static_cast<size_t>(at - myRails_.begin())];
+  const Selection selection = selectAlgorithm(Collective::kAllreduce, args.count * args.elementSize, view.size());
+  fingerprint.algorithm = selection.index;
+  fingerprint.algorithmName = selection.name;
+  fingerprint.part = static_cast<uint8_t>(claimedPart_ + rail);
+  fingerprint.partGiven = true;
+  view.beginCollective(fingerprint);
+  AlgorithmArgs onRail{view, args.deadline, args.scratch, args.data, args.count, args.elementSize,
+                       args.reduce, args.reduceMany, 0};
+  selection.run(onRail);  // a failure: the backend records it, then breakGroup() (see the header)
 }
 
 void HostHierarchy::runAmongLeaders(Collective collective, const AlgorithmArgs& args, Fingerprint fingerprint,
@@ -104,6 +153,8 @@ void HostHierarchy::runAmongLeaders(Collective collective, const AlgorithmArgs& 
   fingerprint.algorithm = selection.index;
   fingerprint.algorithmName = selection.name;
   if (fingerprint.root >= 0) fingerprint.root = root;  // the leaders' view numbers hosts
+  fingerprint.part = static_cast<uint8_t>(claimedPart_);
+  fingerprint.partGiven = true;
   leaders_->beginCollective(fingerprint);
   AlgorithmArgs among{*leaders_, args.deadline, args.scratch, args.data, args.count, args.elementSize,
                       args.reduce, args.reduceMany, root};

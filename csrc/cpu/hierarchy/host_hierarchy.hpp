@@ -90,6 +90,37 @@ class HostHierarchy {
   void runAmongLeaders(Collective collective, const AlgorithmArgs& args, Fingerprint fingerprint, size_t bufferBytes,
                        int root);
 
+  // Rails: an all_reduce of at least DDPLITE_RAILS_BYTES (read when the group is created; 0:
+  // never) runs on rails() rails, part j of the data on rail j (allreduce_hierarchical.cpp).
+  // rails() is the most ranks any host holds; on host h, rail j is carried by its rank of index
+  // j mod ranksOn(h), so every rank of the most crowded host carries one rail and a rank of a
+  // smaller host carries several, always in ascending order: the lowest rail not yet done has
+  // every member in it, so the rails cannot wait on each other in a cycle.
+  int rails() const { return maxRanksPerHost_; }
+  // Whether an all_reduce of `count` elements and `bufferBytes` bytes runs on rails: from
+  // DDPLITE_RAILS_BYTES, with at least one element per rail and at most kMaxRails rails. The same
+  // answer on every rank.
+  bool allreduceOnRails(size_t count, size_t bufferBytes) const;
+  static constexpr int kMaxRails = 64;
+  int64_t railsFromBytes() const { return railsFromBytes_; }
+  // The rails this rank carries, ascending.
+  const std::vector<int>& myRails() const { return myRails_; }
+  // all_reduce of `args` (the rail's part of the data) among the hosts over rail `rail`, one of
+  // myRails(), with the algorithm the selector picks for hosts() ranks and the part's bytes. The
+  // same contract as runAmongLeaders on failure.
+  void allreduceOnRail(int rail, const AlgorithmArgs& args, Fingerprint fingerprint);
+
+  // The wire part numbers of the byte-level collective that begins (every rank calls it for every
+  // collective across hosts, in the op's order, so every rank numbers alike): rails() parts when
+  // `railsWanted` (allreduceOnRails) and the op has that many left, else 1 (the leaders). The TCP
+  // transport would number each rank's parts by its own history in the op, which differs between
+  // a leader, a rank that carries one rail and a rank that carries several. Within an op the parts
+  // only grow (a peer already in a later collective of the op is told apart by its higher part),
+  // so rails that would not fit below kProxiesPart give way to the leaders. Returns whether the
+  // collective runs on rails (onRails() until the next call). Collective thread.
+  bool claimParts(uint64_t seq, bool railsWanted);
+  bool onRails() const { return onRails_; }
+
   // A leader's part of a hierarchical gather or scatter, whose steps among the leaders the caller
   // runs itself: the leaders' transport, armed with `fingerprint` (root: `rootHost`). The same
   // contract as runAmongLeaders on failure.
@@ -113,6 +144,13 @@ class HostHierarchy {
   bool exchangesThroughLeaders_ = false;
   bool alltoallThroughProxies_ = false;
   Scratch staging_;
+  int64_t railsFromBytes_ = 0;  // DDPLITE_RAILS_BYTES when the group was created
+  std::vector<int> myRails_;
+  std::vector<std::unique_ptr<RankView>> railViews_;  // by position in myRails_
+  uint64_t partsSeq_ = 0;  // claimParts: the op, its next part and the collective's first part
+  int nextPart_ = 0;
+  int claimedPart_ = 0;
+  bool onRails_ = false;
   std::vector<int> localRanks_;
   std::vector<std::vector<int>> ranksByHost_;
   std::vector<int> hostOfRank_;   // by group rank

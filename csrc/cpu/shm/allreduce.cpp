@@ -21,10 +21,17 @@
 //      on the slower ranks.
 //   Cost per rank: R = S (copy-in) + S (slices of all buffers) + S (copy-out) = 3S,
 //   W = S + S/P + S; 2 synchronisations per chunk. Reduction work per rank: S/P * (P-1).
+//
+// reduceToParts (the rails' first step across hosts, cpu/hierarchy/allreduce_hierarchical.cpp):
+// the large-chunk steps above, but in step 3 each rank copies out only what falls in the parts it
+// owns (part j of `parts` balanced parts of the buffer, owned by rank j mod P), whatever the size.
+//   Cost per rank: R = S + S + S/P (one part of P), W = S + S/P + S/P; the reduction is spread
+//   over the P ranks as above.
 #include "cpu/shm/shm_algorithms.hpp"
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace ddplite::cpu::shm {
 
@@ -32,7 +39,28 @@ namespace {
 
 constexpr size_t kReduceAllBytes = 16 * 1024;
 
-void reduceScatterAllgather(ShmGroup& group, const AlgorithmArgs& args, char* out, size_t count, uint32_t step) {
+// The elements [begin, end) of the whole buffer (not of a chunk).
+struct ElementRange {
+  size_t begin = 0;
+  size_t end = 0;
+};
+
+// The parts of `parts` balanced parts of `count` elements that rank `rank` of `size` owns: j = rank,
+// rank + size, ...
+std::vector<ElementRange> ownedParts(size_t count, int parts, int size, int rank) {
+  std::vector<ElementRange> owned;
+  for (int part = rank; part < parts; part += size) {
+    owned.push_back({partBegin(count, static_cast<size_t>(parts), static_cast<size_t>(part)),
+                     partBegin(count, static_cast<size_t>(parts), static_cast<size_t>(part) + 1)});
+  }
+  return owned;
+}
+
+// Steps 2 and 3 of the large chunks, for the chunk of `count` elements that starts at element
+// `first` of the buffer: every element of the chunk is copied out, or (`keep` non-null) only
+// those in `keep`'s ranges.
+void reduceScatterAllgather(ShmGroup& group, const AlgorithmArgs& args, char* out, size_t count, uint32_t step,
+                            size_t first = 0, const std::vector<ElementRange>* keep = nullptr) {
   const int size = group.size();
   const int rank = group.rank();
   const size_t es = args.elementSize;
@@ -47,9 +75,17 @@ void reduceScatterAllgather(ShmGroup& group, const AlgorithmArgs& args, char* ou
   group.waitAllReduced(step, args.deadline);
   for (int owner = 0; owner < size; ++owner) {
     if (owner == rank) continue;
-    const size_t first = partBegin(count, size, owner);
-    const size_t n = partBegin(count, size, owner + 1) - first;
-    std::memcpy(out + first * es, group.buffer(owner, step) + first * es, n * es);
+    const size_t from = partBegin(count, size, owner);
+    const size_t to = partBegin(count, size, owner + 1);
+    if (keep == nullptr) {
+      std::memcpy(out + from * es, group.buffer(owner, step) + from * es, (to - from) * es);
+      continue;
+    }
+    for (const ElementRange& range : *keep) {  // in the buffer's numbering; the chunk's starts at `first`
+      const size_t lo = std::max(first + from, range.begin);
+      const size_t hi = std::min(first + to, range.end);
+      if (lo < hi) std::memcpy(out + (lo - first) * es, group.buffer(owner, step) + (lo - first) * es, (hi - lo) * es);
+    }
   }
 }
 
@@ -67,6 +103,22 @@ void combinedOnArrival(ShmGroup& group, const AlgorithmArgs& args, char* out, si
 }
 
 }  // namespace
+
+void reduceToParts(ShmGroup& group, const AlgorithmArgs& args, int parts) {
+  const size_t es = args.elementSize;
+  const size_t chunkCount = std::max<size_t>(1, group.chunkBytes() / es);
+  const std::vector<ElementRange> owned = ownedParts(args.count, parts, group.size(), group.rank());
+  for (size_t first = 0; first < args.count; first += chunkCount) {
+    const size_t count = std::min(chunkCount, args.count - first);
+    char* out = args.data + first * es;
+    const uint32_t step = group.beginStep(args.deadline);
+    std::memcpy(group.buffer(group.rank(), step), out, count * es);
+    group.post(step, count * es);
+    group.waitAllPosted(step, count * es, args.deadline);
+    reduceScatterAllgather(group, args, out, count, step, first, &owned);
+    group.markConsumed(step);
+  }
+}
 
 void allreduce(ShmGroup& group, const AlgorithmArgs& args) {
   const size_t es = args.elementSize;

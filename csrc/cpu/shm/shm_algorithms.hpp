@@ -41,6 +41,12 @@ void allreduce(ShmGroup& group, const AlgorithmArgs& args);      // allreduce.cp
 void broadcast(ShmGroup& group, const AlgorithmArgs& args);      // broadcast.cpp
 void reduce(ShmGroup& group, const AlgorithmArgs& args);         // reduce.cpp
 void allgather(ShmGroup& group, const AlgorithmArgs& args);      // allgather.cpp
+// The rails' steps inside a host (cpu/hierarchy/allreduce_hierarchical.cpp). The buffer is
+// `parts` balanced parts (partBegin), part j owned by rank j mod P. reduceToParts: each rank ends
+// with the parts it owns reduced over the group, in rank order (the rest of its buffer is
+// undefined); gatherParts: each part is valid at its owner, and every rank ends with all of them.
+void reduceToParts(ShmGroup& group, const AlgorithmArgs& args, int parts);  // allreduce.cpp
+void gatherParts(ShmGroup& group, const AlgorithmArgs& args, int parts);    // allgather.cpp
 void reduceScatter(ShmGroup& group, const AlgorithmArgs& args);  // reduce_scatter.cpp
 // Elements per piece of reduce_scatter: P pieces of one chunk share a buffer, so a piece is at
 // most C/P bytes; 0 when not even one element per rank fits a chunk (P * elementSize > C: the
