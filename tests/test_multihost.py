@@ -507,6 +507,54 @@ def test_all_reduce_on_rails_across_hosts(hosts, layout):
     assert network.pids() == []
 
 
+DETAIL_ACROSS_HOSTS_RANK = """
+import json, sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+url, rank, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=60))
+outcome = {}
+try:
+    small = torch.full((3,), float(rank + 1))
+    dist.all_reduce(small)
+    big = torch.full((1_000_001,), float(rank + 1))  # on rails
+    dist.all_reduce(big)
+    gathered = [torch.empty(2) for _ in range(size)] if rank == 0 else None
+    dist.gather(torch.full((2,), float(rank)), gathered, dst=0)
+    spread = torch.empty(size)
+    dist.all_to_all_single(spread, torch.arange(size, dtype=torch.float32) + 10 * rank)
+    total = size * (size + 1) / 2
+    outcome["right"] = [bool(torch.equal(small, torch.full((3,), total))), bool(torch.equal(big, torch.full_like(big, total))),
+                        gathered is None or [g.tolist() for g in gathered] == [[float(r)] * 2 for r in range(size)],
+                        spread.tolist() == [float(rank + 10 * r) for r in range(size)]]
+except Exception as error:
+    outcome["raised"] = f"{type(error).__name__}: {error}"[:600]
+dist.destroy_process_group()
+print("OUTCOME " + json.dumps(outcome), flush=True)
+"""
+
+
+@pytest.mark.parametrize("connect", ["at_init", "on_demand"])
+def test_argument_check_then_tcp_collectives_across_hosts(hosts, connect):
+    """DDPLITE_DEBUG=DETAIL at 2 hosts x 2 ranks: every op first checks its arguments across ranks
+    through collectives that the leaders run over TCP and the others inside their segments; the op
+    itself may then run over TCP among all ranks (gather and all_to_all direct when the pairs
+    connect at init), through the leaders (on demand) or on rails. Each rank numbers the op's wire
+    parts alike (HostHierarchy::claimParts); gather at init raised a "collective mismatch" before
+    (a leader's part 3 against a non-leader's 1). Results against closed forms."""
+    network = hosts(2)
+    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
+    env = host_environment("eth0", DDPLITE_DEBUG="DETAIL", DDPLITE_CONNECT=connect, DDPLITE_RAILS_BYTES="1")
+    jobs = [start(network.run(host, [sys.executable, "-c", DETAIL_ACROSS_HOSTS_RANK, url, str(rank), "4"]), env)
+            for rank, host in enumerate([0, 0, 1, 1])]
+    for rank, (returncode, output, _) in enumerate(finish(jobs, timeout=180)):
+        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
+        assert returncode == 0 and reported, f"rank {rank}:\n{output[-5000:]}"
+        outcome = json.loads(reported[0][len("OUTCOME "):])
+        assert outcome == {"right": [True] * 4}, (rank, outcome)
+    assert network.pids() == []
+
+
 PLACEMENT_RANK = """
 import json, sys
 from datetime import timedelta

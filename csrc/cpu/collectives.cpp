@@ -215,6 +215,21 @@ void announceTcpCollective(const CpuContext& ctx, const Fingerprint& fingerprint
   }
 }
 
+// Arms the group's TCP mesh for a collective among all its ranks over TCP (announced in the
+// segment(s) first). In a group across hosts the hierarchy numbers the op's wire parts
+// (HostHierarchy::claimParts): a leader has armed the mesh for the op's earlier collectives across
+// hosts (the DETAIL argument check's, for one), which the other ranks ran in their segments only,
+// so the transport's own numbering would differ between them.
+void beginOnTcp(const CpuContext& ctx, Fingerprint fingerprint) {
+  announceTcpCollective(ctx, fingerprint);
+  if (ctx.hosts != nullptr) {
+    ctx.hosts->claimParts(fingerprint.seq, /*railsWanted=*/false);
+    fingerprint.part = ctx.hosts->claimedPart();
+    fingerprint.partGiven = true;
+  }
+  ctx.transport.beginCollective(fingerprint);
+}
+
 // A byte-level collective of a group across hosts (cpu/shm/*_hierarchical.cpp).
 void runAcrossHosts(const CpuContext& ctx, Collective collective, const AlgorithmArgs& args,
                     const Fingerprint& fingerprint, size_t bufferBytes) {
@@ -265,8 +280,7 @@ void runCollective(const CpuContext& ctx, Collective collective, const Algorithm
   const Selection selection = selectAlgorithm(collective, bufferBytes, ctx.transport.size());
   const Fingerprint fingerprint =
       fingerprintOf(ctx, wireKindOf(collective), selection.index, selection.name, dtype, reduceOp, root, bufferBytes);
-  announceTcpCollective(ctx, fingerprint);
-  ctx.transport.beginCollective(fingerprint);
+  beginOnTcp(ctx, fingerprint);
   selection.run(args);
 }
 
@@ -300,6 +314,7 @@ void exchangeVia(const CpuContext& ctx, const ExchangeArgs& args, WireKind kind,
     const Fingerprint hierarchical = fingerprintOf(ctx, kind, kShmAlgorithmIndex, "shm", dtype, -1, root, agreed);
     throwIfPeersSentOverTcp(ctx, hierarchical);
     if (ctx.algorithm != nullptr) *ctx.algorithm = "hierarchical";  // the flight recorder's name for it
+    ctx.hosts->claimParts(hierarchical.seq, /*railsWanted=*/false);  // the leaders' part (beginAmongLeaders)
     if (kind == WireKind::kGather) {
       hierarchy::gatherAcrossHosts(*ctx.hosts, args, ctx.scratch, hierarchical, ctx.refusedSeq);
     } else if (kind == WireKind::kScatter) {
@@ -315,8 +330,7 @@ void exchangeVia(const CpuContext& ctx, const ExchangeArgs& args, WireKind kind,
     ctx.shm->endCollective();
     return;
   }
-  announceTcpCollective(ctx, fingerprint);
-  ctx.transport.beginCollective(fingerprint);
+  beginOnTcp(ctx, fingerprint);
   direct(args);
 }
 

@@ -164,6 +164,8 @@ void HostHierarchy::runAmongLeaders(Collective collective, const AlgorithmArgs& 
 Transport& HostHierarchy::beginAmongLeaders(Fingerprint fingerprint, int rootHost) {
   DDPLITE_ENFORCE(leaders_ != nullptr, "beginAmongLeaders on a rank that does not lead its host");
   if (fingerprint.root >= 0) fingerprint.root = rootHost;  // the leaders' view numbers hosts
+  fingerprint.part = static_cast<uint8_t>(claimedPart_);
+  fingerprint.partGiven = true;
   leaders_->beginCollective(fingerprint);
   return *leaders_;
 }

@@ -111,7 +111,8 @@ class HostHierarchy {
   void allreduceOnRail(int rail, const AlgorithmArgs& args, Fingerprint fingerprint);
 
   // The wire part numbers of the byte-level collective that begins (every rank calls it for every
-  // collective across hosts, in the op's order, so every rank numbers alike): rails() parts when
+  // collective of the group over TCP, across hosts or flat, in the op's order, so every rank
+  // numbers alike; runAmongLeaders and beginAmongLeaders use them): rails() parts when
   // `railsWanted` (allreduceOnRails) and the op has that many left, else 1 (the leaders). The TCP
   // transport would number each rank's parts by its own history in the op, which differs between
   // a leader, a rank that carries one rail and a rank that carries several. Within an op the parts
@@ -120,6 +121,8 @@ class HostHierarchy {
   // collective runs on rails (onRails() until the next call). Collective thread.
   bool claimParts(uint64_t seq, bool railsWanted);
   bool onRails() const { return onRails_; }
+  // The first part claimParts gave the collective that began last.
+  uint8_t claimedPart() const { return static_cast<uint8_t>(claimedPart_); }
 
   // A leader's part of a hierarchical gather or scatter, whose steps among the leaders the caller
   // runs itself: the leaders' transport, armed with `fingerprint` (root: `rootHost`). The same
