@@ -79,7 +79,7 @@ def find_nccl():
 def sources(with_nccl):
     found = []
     # csrc/cuda/rules holds the NCCL path's decisions without CUDA types: every build has them.
-    folders = ["common", "rendezvous", "cpu", "backend", "cuda/rules"] + (["cuda"] if with_nccl else [])
+    folders = ["common", "rendezvous", "cpu", "health", "backend", "cuda/rules"] + (["cuda"] if with_nccl else [])
     for folder in folders:
         found += glob.glob(os.path.join("csrc", folder, "**", "*.cpp"), recursive=True)
     # The module: the user's surface (bindings.cpp) and what only the tests bind (test_hooks.cpp).

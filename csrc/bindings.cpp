@@ -194,6 +194,17 @@ PYBIND11_MODULE(_C, m) {
       "(issued, running, ran, finished): steady-clock ns of a completed ddplite CPU op's stages (0: not "
       "reached), or None for another backend's Work.");
   m.def(
+      "group_wait_ledger",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        const auto entries = ddplite::asDdplite(backend).waitLedger();
+        py::list rows;
+        for (const auto& entry : entries) rows.append(py::make_tuple(entry.seq, entry.arrivedNs, entry.endedNs));
+        return rows;
+      },
+      py::arg("backend"),
+      "[(seq, arrived_ns, ended_ns)] of a ddplite group's last collectives on this rank, oldest first "
+      "(steady clock; torch_ddp_lite.stragglers).");
+  m.def(
       "group_failed_ranks",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, double waitSeconds) {
         ddplite::DdpliteBackend& group = ddplite::asDdplite(backend);

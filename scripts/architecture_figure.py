@@ -49,6 +49,8 @@ BOXES = {
                 "arrival recorder, monitored barrier, failures.cpp (shrink, failed_ranks), settings_agreement.cpp"),
     "cuda": (C, ROWS[2], W, 0.95, CUDA, "cuda/  (+ cuda/rules/)",
              "NcclPath, NcclComm, NcclWork, watchdog,\nStagedPath (a GPU two ranks share)"),
+    "health": (10.2, ROWS[3], 3.1, H, FRONT, "health/",
+               "the live status server: one\nlistener + thread per process"),
     "cpu_path": (B, ROWS[3], W, H, ORCHESTRA, "cpu/cpu_path",
                  "CpuPath: one per group; builds and owns\nthe meshes, segments, hierarchy, engine"),
     "collectives": (A, ROWS[4], W, H, ORCHESTRA, "cpu/collectives",
@@ -79,6 +81,8 @@ ARROWS = [
     ("backend", "cuda", "main", [(8.8, 8.25), (9.6, 8.25)]),
     ("cuda", "backend", "back", [(10.0, 7.55), (10.0, 7.33), (8.45, 7.33), (8.45, 7.55)]),
     ("backend", "cpu_path", "main", [(6.95, 7.55), (6.95, 7.0)]),
+    ("backend", "health", "main", [(8.65, 7.55), (8.65, 7.15), (11.6, 7.15), (11.6, 7.0)]),
+    ("health", "transport", "api", [(13.3, 6.6), (13.5, 6.6), (13.5, 1.0), (13.3, 1.0)]),
     ("backend", "collectives", "main", [(1.6, 7.55), (1.6, 5.6)]),
     ("backend", "reduce", "api", [(A, 7.7), (0.22, 7.7), (0.22, 1.0), (A, 1.0)]),
     ("backend", "algorithms", "api", [(A, 7.85), (0.4, 7.85), (0.4, 1.58), (5.4, 1.58), (5.4, 1.4)]),
@@ -143,10 +147,9 @@ def draw(out):
         ("api", "only B's types, or one header of B"),
         ("back", "back edge: StagedPath makes a DdpliteWork"),
     ]
-    for i, (kind, label) in enumerate(legend):
-        y = 6.95 - i * 0.36
-        polyline(ax, [(10.0, y), (10.55, y)], ARROW_STYLE[kind])
-        ax.text(10.65, y, label, va="center", fontsize=9.2)
+    for x, (kind, label) in zip((5.3, 8.9, 12.0), legend):  # along the bottom edge
+        polyline(ax, [(x, -0.18), (x + 0.45, -0.18)], ARROW_STYLE[kind])
+        ax.text(x + 0.55, -0.18, label, va="center", fontsize=9.2)
     ax.text(0.3, 10.05, "ddplite: the parts of csrc/ and which may include which", fontsize=15, fontweight="bold",
             va="center")
     ax.text(0.3, -0.18, "source: scripts/architecture_figure.py; explained in docs/architecture.md", fontsize=9,

@@ -1,6 +1,7 @@
 """The latency cost of an always-on safety feature (docs/reliability.md): the wire fingerprint
-(--feature fingerprint, off with DDPLITE_FINGERPRINT=0) or the flight recorder (--feature trace, off
-with DDPLITE_TRACE_BUFFER_SIZE=0), measured the only way a noisy 2-core machine allows: many short
+(--feature fingerprint, off with DDPLITE_FINGERPRINT=0), the flight recorder (--feature trace, off
+with DDPLITE_TRACE_BUFFER_SIZE=0) or the straggler ledger (--feature stragglers, off with
+DDPLITE_STRAGGLER_WINDOW=0), measured the only way a noisy 2-core machine allows: many short
 blocks of back-to-back all_reduce calls, alternating between ddplite groups with the feature (the
 default) and without it, in one run, on the same ranks and buffers. Each adjacent pair of blocks gives one ratio; the median of those
 ratios, with a bootstrap 95% interval, is the cost.
@@ -10,7 +11,7 @@ group's latency by a few percent (--null 1, two identical settings, shows it). S
 --groups groups, created in the order c u u c c u ..., and every block draws one of them at
 random: the placement effect averages out instead of landing on one side.
 
-    python scripts/fingerprint_cost.py [--feature fingerprint|trace] [--world-size 2] [--bytes 8]
+    python scripts/fingerprint_cost.py [--feature fingerprint|trace|stragglers] [--world-size 2] [--bytes 8]
                                        [--blocks 300] [--iters 200] [--groups 4] [--null 1] [--json FILE]
 """
 
@@ -33,6 +34,7 @@ import torch.multiprocessing as mp
 FEATURES = {
     "fingerprint": ("DDPLITE_FINGERPRINT", "1", "0"),
     "trace": ("DDPLITE_TRACE_BUFFER_SIZE", "2000", "0"),
+    "stragglers": ("DDPLITE_STRAGGLER_WINDOW", "512", "0"),
 }
 
 

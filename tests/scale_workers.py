@@ -344,7 +344,15 @@ def _keep_silent_connections(addresses, per_listener, opened, stop, churn):
                         held[index] = one(address)
                     except OSError:
                         held[index] = (socket.socket(), address)
-        readable, _, _ = select.select([c for c, _ in held if c.fileno() >= 0], [], [], 0.05)
+        # poll(), not select(): with three listeners per attacked rank the attacker holds over 1024
+        # descriptors, past select()'s limit.
+        poller = select.poll()
+        by_fd = {}
+        for c, _ in held:
+            if c.fileno() >= 0:
+                poller.register(c.fileno(), select.POLLIN)
+                by_fd[c.fileno()] = c
+        readable = [by_fd[fd] for fd, _ in poller.poll(50)]
         for connection in readable:
             try:
                 dropped = connection.recv(64) == b""  # a challenge (authentication) is not a drop
@@ -367,7 +375,8 @@ def _keep_silent_connections(addresses, per_listener, opened, stop, churn):
 
 def silent_connections_during_the_job(rank, world_size, attacked, per_listener, churn=False):
     """DDPLITE_CONNECT=on_demand over TCP. The last rank opens `per_listener` silent connections to
-    every listener of each rank in `attacked` (its collectives' and send/recv meshes) and reopens
+    every listener of each rank in `attacked` (its collectives' and send/recv meshes, its status
+    listener) and reopens
     each one that is dropped, while the job connects its pairs (an all_to_all: every pair) and
     computes. Returns this rank's descriptor count before the attack and at its peak, its
     listeners, and whether the values were right."""
@@ -395,6 +404,12 @@ def silent_connections_during_the_job(rank, world_size, attacked, per_listener, 
     store.wait(["attack/opened"])
     time.sleep(1.0)  # every listener's acceptor has taken (or refused) the strangers
     peak = len(os.listdir("/proc/self/fd"))
+    asked = None
+    if rank == 1:  # the live status query still gets through the attacked ranks' status listeners
+        from torch_ddp_lite import status
+
+        report = status.collect(store)
+        asked = {"outcomes": [entry["outcome"] for entry in report["ranks"]], "took_s": report["took_s"]}
     right = True
     started = time.monotonic()
     for _ in range(3):  # every pair connects (to the attacked ranks too) under the attack
@@ -415,7 +430,7 @@ def silent_connections_during_the_job(rank, world_size, attacked, per_listener, 
         thread.join(30)
     _store_barrier(store, "attack/over", world_size)
     return {"right": right, "before": before, "peak": peak, "listeners": len(_listening_addresses()),
-            "seconds": seconds}
+            "seconds": seconds, "status": asked}
 
 
 def destroy_while_a_recv_waits_for_an_address(rank, world_size):

@@ -270,7 +270,7 @@ def test_a_short_key_file_is_refused(tmp_path):
 @pytest.mark.parametrize("churn", [False, True], ids=["reconnect-when-dropped", "churning"])
 def test_silent_strangers_on_demand_hold_at_most_64_descriptors_per_listener_and_the_job_computes(churn):
     """A 24-rank job connecting on demand over TCP; 200 silent connections to each
-    listener of ranks 0 and 11 (collectives' and send/recv meshes), each reopened as soon as it is
+    listener of ranks 0 and 11 (collectives' and send/recv meshes, live status), each reopened as soon as it is
     dropped (churning: each also closes itself within 0.5 s and reconnects, so every slot stays
     young), while every pair connects (all_to_all) and computes. An attacked rank's descriptors
     grow by at most 64 per listener plus one socket per peer (the cap was P + 64 per listener);
@@ -286,9 +286,13 @@ def test_silent_strangers_on_demand_hold_at_most_64_descriptors_per_listener_and
     assert all(outcome["right"] for outcome in results), results
     slowest = max(outcome["seconds"] for outcome in results)
     assert slowest < 20, slowest  # 3 rounds of all_to_all + all_reduce; a locked-out connect waits 60 s
+    # the status query, asked under the attack, is answered by every rank within its 1.5 s
+    assert results[1]["status"]["outcomes"] == ["answered"] * world_size, results[1]["status"]
+    assert results[1]["status"]["took_s"] < 2.0, results[1]["status"]
     for rank in attacked:
         outcome = results[rank]
-        assert outcome["listeners"] == 2, outcome  # the bound below counts two meshes
+        assert outcome["listeners"] == 3, outcome  # two meshes and the live status listener
+
         grown = outcome["peak"] - outcome["before"]
         assert grown <= 64 * outcome["listeners"] + (world_size - 1), (rank, grown, outcome)
         assert grown >= 64, (rank, grown, outcome)  # the strangers did land: the test measures something

@@ -14,6 +14,8 @@
 * the algorithms move bytes over a Transport: no shared memory, hierarchy, send/recv or collectives;
 * the backend includes none of shm, hierarchy or the transports' implementations directly: it talks
   to the CPU path object, the collectives run on it, and the send/recv engine's API;
+* the live status server (health/) includes nothing of backend/, cuda/ or the CPU path; of
+  cpu/transport/ only auth and net_iface;
 * the CUDA path includes nothing of cpu/, and of backend/ only work.hpp (StagedPath returns a
   DdpliteWork: the one edge against the flow); rendezvous/ includes none of cpu/, backend/, cuda/;
   common/ includes only common/.
@@ -52,6 +54,10 @@ ABOVE_P2P = ("cpu/hierarchy/", "cpu/algorithms/", "cpu/collectives", "cpu/cpu_pa
 ABOVE_ALGORITHMS = ("cpu/shm/", "cpu/hierarchy/", "cpu/p2p/", "cpu/collectives", "cpu/cpu_path", "cpu/mpi_collectives",
                     "backend/", "cuda/")
 NOT_FOR_RENDEZVOUS = ("cpu/", "backend/", "cuda/")
+# The live status server serves the backend's groups through callbacks: it knows nothing of them,
+# of the CPU path or of CUDA; of cpu/ only the transports' authentication and address choice.
+NOT_FOR_HEALTH = ("backend/", "cuda/", "cpu/algorithms/", "cpu/shm/", "cpu/hierarchy/", "cpu/p2p/", "cpu/collectives",
+                  "cpu/cpu_path", "cpu/mpi_collectives", "cpu/reduce/", "cpu/transport/tcp")
 
 RULES = {
     "cpu/transport": ABOVE_THE_TRANSPORTS,
@@ -60,6 +66,7 @@ RULES = {
     "cpu/p2p": ABOVE_P2P,
     "cpu/algorithms": ABOVE_ALGORITHMS,
     "rendezvous": NOT_FOR_RENDEZVOUS,
+    "health": NOT_FOR_HEALTH,
 }
 
 

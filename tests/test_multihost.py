@@ -925,3 +925,39 @@ def test_hierarchical_all_to_all_opens_one_socket_per_rank_at_3_hosts_of_2(hosts
         if not detail:
             assert outcome["opened"] == 1, (rank, outcome)
     assert network.pids() == []
+
+
+STRAGGLER_RANK = """
+import json, sys
+from datetime import timedelta
+import torch.distributed as dist
+sys.path.insert(0, "tests")
+import straggler_workers
+url, rank, size, slow = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=120))
+tables = straggler_workers.ddp_with_a_slow_rank(rank, size, slow, 20, 0.02, 1.3)
+dist.destroy_process_group()
+print("OUTCOME " + json.dumps({str(step): table for step, table in tables.items()}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("slow", [3, 0], ids=["non-leader", "rank-0"])
+def test_stragglers_name_a_slow_rank_across_hosts(hosts, slow):
+    """A DDP job at 2 hosts x 2 ranks (hierarchical) in which one rank sleeps 30% longer per step:
+    torch_ddp_lite.stragglers() names it first on every rank within 20 steps, from each rank's own
+    clock only (the namespaces share one clock here; tests/test_stragglers.py gives the ledgers
+    unrelated clocks)."""
+    network = hosts(2)
+    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
+    env = host_environment("eth0")
+    jobs = [start(network.run(host, [sys.executable, "-c", STRAGGLER_RANK, url, str(rank), "4", str(slow)]), env)
+            for rank, host in enumerate([0, 0, 1, 1])]
+    for rank, (returncode, output, _) in enumerate(finish(jobs, timeout=180)):
+        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
+        assert returncode == 0 and reported, f"rank {rank}:\n{output[-5000:]}"
+        tables = json.loads(reported[0][len("OUTCOME "):])
+        rows = tables["20"]["rows"]
+        assert rows[0][0] == slow and 0.55 < rows[0][2] < 0.92, (rank, tables["20"]["text"])
+        assert all(row[2] > rows[0][2] for row in rows[1:]), tables["20"]["text"]
+        assert tables["10"]["rows"][0][0] == slow, tables["10"]["text"]
+    assert network.pids() == []

@@ -87,14 +87,15 @@ def test_durations_are_positive_bounded_by_wall_time_and_in_the_flight_recorder(
 def test_every_thread_ddplite_starts_is_named(world_size, transport):
     """Every thread is named, and their number does not grow with the group: send/recv
     to every peer run on one pump, ddplite-p2p-shm in a group on one host, ddplite-p2p-tcp over
-    TCP; no thread per peer."""
+    TCP; no thread per peer; one ddplite-status per process (the live status query's listener)."""
     results = run_ranks(ow.thread_names, world_size, _store_path(), backend=None,
                         env={"DDPLITE_CPU_TRANSPORT": transport})
     for rank, out in enumerate(results):
         assert out["wrong"] == [], out["wrong"]
         new = out["new"]
         assert all(name.startswith("ddplite-") for name in new), (rank, new)
-        assert sorted(new) == sorted({"ddplite-worker", "ddplite-arrival", f"ddplite-p2p-{transport}"}), (rank, new)
+        assert sorted(new) == sorted({"ddplite-worker", "ddplite-arrival", f"ddplite-p2p-{transport}",
+                                                   "ddplite-status"}), (rank, new)
 
 
 def test_pg_options_honoured_by_init_and_new_group():

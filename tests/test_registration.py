@@ -177,6 +177,8 @@ BAD_KNOB_VALUES = [
     ("DDPLITE_TRACE_BUFFER_SIZE", "lots", "use a whole number of ops >= 0 and <= 1000000 (the default is 2000)"),
     ("TORCH_FR_BUFFER_SIZE", "-5", "use a whole number of ops >= 0 and <= 1000000 (the default is 2000)"),
     ("DDPLITE_TRACE_STACKS", "yes", "use one of: 0 (the default), 1"),
+    ("DDPLITE_STRAGGLER_WINDOW", "big", "use a whole number of ops >= 0 and <= 65536 (the default is 512)"),
+    ("DDPLITE_STATUS", "on", "use one of: 1 (the default), 0"),
     ("DDPLITE_TRACE_SIGNAL", "USR1", "use one of: 0 (the default), 1"),
 ]
 

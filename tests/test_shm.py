@@ -242,6 +242,8 @@ SETTINGS_THAT_DIFFER = {
               "DDPLITE_SHM_TREE_FANIN='8' here, '4' on rank 1"),
     "fingerprint": ({"DDPLITE_FINGERPRINT": "0"}, "DDPLITE_FINGERPRINT='0' here, '1' on rank 0",
                     "DDPLITE_FINGERPRINT='1' here, '0' on rank 1"),
+    # a rank with the status query on waits for rank 0's status secret, which a rank 0 with it off never writes
+    "status": ({"DDPLITE_STATUS": "0"}, "DDPLITE_STATUS='0' here, '1' on rank 0", "DDPLITE_STATUS='1' here, '0' on rank 1"),
 }
 
 

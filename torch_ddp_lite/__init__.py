@@ -243,6 +243,8 @@ _load_extension()
 #: dist.split_group needs. What ddplite honours and refuses: torch_ddp_lite/options.py.
 Options = _extension.DdpliteOptions
 
+from torch_ddp_lite.stragglers import stragglers  # noqa: E402 - needs the extension loaded
+
 __all__ = [
     "BACKEND_NAME",
     "Options",
@@ -263,4 +265,5 @@ __all__ = [
     "torch_has",
     "set_algorithm",
     "set_algorithms",
+    "stragglers",
 ]

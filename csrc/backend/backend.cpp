@@ -210,6 +210,7 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   cuda_ = createCudaPath(CudaPathDeps{*this, *bootstrap_, rank, size, enqueueMutex_, seq_,
                                       [this](std::chrono::milliseconds t) { return resolveTimeout(t); }, timing_});
   if (size > 1) arrivals_ = std::make_unique<ArrivalRecorder>(rendezvous_, rank, size);
+  if (const int64_t window = env::stragglerWindow(); window > 0) waits_ = std::make_unique<WaitLedger>(window);
   if (size > 1) rendezvous_.set(strCat("proc/", rank), publishedIdentity());
   if (trace.name.empty()) trace.name = "0";
   if (trace.desc.empty()) trace.desc = "undefined";
@@ -218,12 +219,16 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
     for (int r = 0; r < size; ++r) trace.globalRanks[r] = r;
   }
   globalRanks_ = trace.globalRanks;
+  statusName_ = trace.name;
   const int globalRank = trace.globalRanks[rank];
   recorder_ = FlightRecorder::create(std::move(trace), globalRank);
   detailChecks_ = env::detailChecks();
   syncOnCaller_ = env::syncOpsOnCaller();
   installTraceSignalHandler();
   worker_ = std::make_unique<Worker>();
+  status_ = health::registerGroup(
+      health::GroupSetup{store_, size, globalRank},
+      [this] { return describeForStatus(); });
   DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " ready (timeout ", timeoutMs_.load(), " ms, CPU collectives over ",
               cpuTransportName(), ", send/recv over ", p2pPathName(), ", bootstrap over ", bootstrap_->name(), ")");
   init();
@@ -290,6 +295,7 @@ bool DdpliteBackend::abandonInForkedChild() {
   (void)mpiComm_.release();
   (void)bootstrap_.release();
   (void)arrivals_.release();
+  (void)status_.release();  // the registry's mutex may have been held by another thread at fork
   return true;
 }
 
@@ -465,6 +471,9 @@ void DdpliteBackend::runOp(DdpliteWork& work, const OpRun& run, const CpuBody& b
   cpu_->markStarted(work.context().seq);
   const Deadline deadline = Clock::now() + run.timeout;
   if (arrivals_) arrivals_->begin(work.context().seq, deadline, run.timeout);
+  running_.op.store(work.context().op, std::memory_order_relaxed);
+  running_.sinceNs.store(work.stages().running, std::memory_order_relaxed);  // markRunning's clock read
+  running_.seq.store(work.context().seq, std::memory_order_release);
   if (run.trace != 0) recorder_->started(run.trace);
   const char* algorithm = nullptr;
   std::exception_ptr failure;
@@ -476,6 +485,10 @@ void DdpliteBackend::runOp(DdpliteWork& work, const OpRun& run, const CpuBody& b
     if (run.signature) checkArgumentsAcrossRanks(cpu, *run.signature);
     body(cpu);
     work.markRan();
+    if (waits_) waits_->record(work.context().seq, work.stages().issued, work.stages().ran);
+    lastDone_.op.store(work.context().op, std::memory_order_relaxed);
+    lastDone_.sinceNs.store(work.stages().ran, std::memory_order_relaxed);
+    lastDone_.seq.store(work.context().seq, std::memory_order_release);
     if (run.trace != 0) recorder_->completed(run.trace, algorithm);  // a failed op stays "started"
   } catch (const TransportError& error) {
     failure = failureFromTransport(work.context(), error);
@@ -487,7 +500,55 @@ void DdpliteBackend::runOp(DdpliteWork& work, const OpRun& run, const CpuBody& b
     if (segmentLeftOpen() && !isBroken()) breakAfterAbandonedCollective(work.context(), failure);
   }
   if (arrivals_) arrivals_->end();
+  running_.seq.store(0, std::memory_order_release);
   work.markFinished(failure, outcome);
+}
+
+std::vector<WaitLedger::Entry> DdpliteBackend::waitLedger() const {
+  return waits_ ? waits_->snapshot() : std::vector<WaitLedger::Entry>{};
+}
+
+void DdpliteBackend::noteP2pPosted(const OpContext& ctx, int peer) {
+  lastP2p_.op.store(ctx.op, std::memory_order_relaxed);
+  lastP2p_.peer.store(peer, std::memory_order_relaxed);
+  lastP2p_.sinceNs.store(DdpliteWork::nowNs(), std::memory_order_relaxed);
+  lastP2p_.seq.store(ctx.seq, std::memory_order_release);
+  p2pPending_.fetch_add(1, std::memory_order_relaxed);  // after the op: a count above 0 has a last_p2p
+}
+
+namespace {
+std::string describeLiveOp(const char* what, const std::atomic<uint64_t>& seqOf, const std::atomic<const char*>& op,
+                           const std::atomic<int64_t>& since, int peer, int64_t nowNs) {
+  const uint64_t seq = seqOf.load(std::memory_order_acquire);
+  if (seq == 0) return strCat("\"", what, "\":null");
+  const double seconds = static_cast<double>(nowNs - since.load(std::memory_order_relaxed)) / 1e9;
+  return strCat("\"", what, "\":{\"op\":", health::jsonString(op.load(std::memory_order_relaxed)), ",\"seq\":", seq,
+                ",\"seconds\":", seconds, peer >= 0 ? strCat(",\"peer\":", peer) : std::string(), "}");
+}
+}  // namespace
+
+// The status thread (health/status_server.hpp), under the registry's mutex: reads atomics, the
+// wait ledger (a seqlock) and brokenReason_ (a short lock); never blocks on an op.
+std::string DdpliteBackend::describeForStatus() {
+  const int64_t now = DdpliteWork::nowNs();
+  std::string broken;
+  {
+    std::lock_guard<std::mutex> lock(brokenMutex_);
+    broken = brokenReason_;
+  }
+  std::string ledger;
+  for (const auto& entry : waitLedger()) {
+    ledger += strCat(ledger.empty() ? "" : ",", "[", entry.seq, ",", entry.arrivedNs, ",", entry.endedNs, "]");
+  }
+  return strCat("{\"name\":", health::jsonString(statusName_), ",\"rank\":", rank_, ",\"size\":", size_,
+                ",\"global_ranks\":[", c10::Join(",", globalRanks_), "],\"transport\":",
+                health::jsonString(cpuTransportName()), ",\"issued\":", seq_.load(), ",",
+                describeLiveOp("running", running_.seq, running_.op, running_.sinceNs, -1, now), ",",
+                describeLiveOp("last", lastDone_.seq, lastDone_.op, lastDone_.sinceNs, -1, now), ",\"p2p_pending\":",
+                p2pPending_.load(std::memory_order_relaxed), ",",
+                describeLiveOp("last_p2p", lastP2p_.seq, lastP2p_.op, lastP2p_.sinceNs,
+                               lastP2p_.peer.load(std::memory_order_relaxed), now),
+                ",\"broken\":", health::jsonString(broken), ",\"ledger\":[", ledger, "],\"now_ns\":", now, "}");
 }
 
 bool DdpliteBackend::segmentLeftOpen() const { return cpu_->segmentLeftOpen(); }
@@ -629,6 +690,7 @@ void DdpliteBackend::shutdown() {
   if (closed_.exchange(true)) return;
   GilReleasedScope released;  // it joins the worker (common/gil.hpp)
   if (cuda_) cuda_->shutdown();  // drains CUDA work first; staged ops finish on the worker below
+  status_.reset();  // before the worker stops: a query during teardown sees the group, or nothing
   worker_->drainAndStop();
   settlePendingChecks();  // the worker has stopped: this thread may use the segments now
   // Its only user was the worker. Destroyed here, without the GIL: it joins its threads, which
@@ -1027,6 +1089,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::send(std::vector<at::Tensor>& ten
   }
   auto work = workStartedNow(ctx, OpType::SEND, tensor, timing_.load(std::memory_order_relaxed));
   const FlightRecorder::Handle trace = recordP2p(ctx, OpType::SEND, tensor, dstRank);
+  noteP2pPosted(ctx, dstRank);
   cpu_->p2p().send(dstRank, tag, tensor.contiguous(), Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
              [this, work, ctx, trace](std::exception_ptr error, int source) {
                finishP2p(*work, ctx, trace, error, source);
@@ -1157,6 +1220,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
   // The engine fills a contiguous tensor; a strided one gets its copy on the engine thread.
   at::Tensor landing = tensor.is_contiguous() ? tensor : at::empty_like(tensor, at::MemoryFormat::Contiguous);
   const FlightRecorder::Handle trace = recordP2p(ctx, work->retrieveOpType(), tensor, srcRank);
+  noteP2pPosted(ctx, srcRank);
   cpu_->p2p().recv(srcRank, tag, landing, Clock::now() + std::chrono::milliseconds(timeoutMs_.load()),
              [this, work, ctx, tensor, landing, trace](std::exception_ptr error, int source) mutable {
                if (!error && !landing.is_same(tensor)) tensor.copy_(landing);
@@ -1168,6 +1232,7 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
 
 void DdpliteBackend::finishP2p(DdpliteWork& work, const OpContext& ctx, FlightRecorder::Handle trace,
                                std::exception_ptr error, int source) {
+  p2pPending_.fetch_sub(1, std::memory_order_relaxed);
   work.setSourceRank(source);
   if (!error) {
     if (trace != 0) recorder_->completed(trace, p2pPathName());

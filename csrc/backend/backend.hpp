@@ -17,7 +17,9 @@
 #include "backend/detail_check.hpp"
 #include "backend/flight_recorder.hpp"
 #include "backend/monitored_barrier.hpp"
+#include "backend/wait_ledger.hpp"
 #include "backend/work.hpp"
+#include "health/status_server.hpp"
 #include "backend/worker.hpp"
 #include "common/compat.hpp"
 #include "common/errors.hpp"
@@ -157,6 +159,9 @@ class DdpliteBackend final : public c10d::Backend {
   // the first proposal, which every caller returns. A caller named in it raises DistBackendError
   // (the others declared it failed). Caller's thread; store requests only.
   std::vector<int> failedRanks(std::chrono::milliseconds wait);
+  // This rank's arrival and end of the group's last collectives (torch_ddp_lite.stragglers); empty
+  // when DDPLITE_STRAGGLER_WINDOW=0. Any thread.
+  std::vector<WaitLedger::Entry> waitLedger() const;
 #if DDPLITE_TORCH_HAS_SHRINK
   // torch's shrink_group: a new ddplite group of this group's ranks but `excluded`, called by
   // every survivor and by no excluded rank (they may be dead). The survivors first agree through
@@ -323,6 +328,7 @@ class DdpliteBackend final : public c10d::Backend {
   void refuseInForkedChild(const OpContext& ctx) const;
 
   StoreRendezvous rendezvous_;
+  std::string statusName_;        // torch's group name at creation ("0" for the default group); written once in the constructor
   std::vector<int> globalRanks_;  // global rank of each rank of this group; written once in the constructor
   c10::intrusive_ptr<c10d::Store> store_;  // this group's store; split groups connect over it
   std::mutex splitMutex_;                  // guards the three below
@@ -359,6 +365,7 @@ class DdpliteBackend final : public c10d::Backend {
 
   std::unique_ptr<CudaPath> cuda_;        // null in builds without NCCL
   std::unique_ptr<ArrivalRecorder> arrivals_;  // which ranks reached a stalled collective; null for one rank
+  std::unique_ptr<WaitLedger> waits_;  // the last collectives' arrival and end (stragglers); null when off
   bool detailChecks_ = false;  // DDPLITE_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL; set once in the constructor
   bool syncOnCaller_ = true;   // DDPLITE_SYNC_ON_CALLER; set once in the constructor (issued())
 
@@ -366,7 +373,25 @@ class DdpliteBackend final : public c10d::Backend {
   // The process that built this group. A forked child holds a copy of this object without its
   // threads: its teardown leaks instead of joining, shutting sockets down or unlinking (common/fork_guard.hpp).
   const pid_t creatorPid_ = fork_guard::currentPid();
-  std::unique_ptr<Worker> worker_;  // last member: its thread uses everything above
+  std::unique_ptr<Worker> worker_;  // its thread uses everything above
+
+  // What the live status query shows (health/status_server.hpp). An op's fields are written by
+  // the thread that runs or posts it: op name and time relaxed, then seq with release; the status
+  // thread loads seq with acquire, then the rest (relaxed). A snapshot taken as one op ends and
+  // the next begins may pair the new op's name with the old one's seq: it is a display.
+  struct LiveOp {
+    std::atomic<uint64_t> seq{0};  // 0: none
+    std::atomic<const char*> op{""};  // a string literal (OpContext::op)
+    std::atomic<int64_t> sinceNs{0};  // steady clock: when it began (running) or ended (last)
+    std::atomic<int> peer{-1};        // send/recv only
+  };
+  LiveOp running_;           // the collective running now
+  LiveOp lastDone_;          // the last collective that completed without error
+  LiveOp lastP2p_;           // the last send/recv posted
+  std::atomic<int> p2pPending_{0};  // send/recv posted and not finished (relaxed: a count for display)
+  void noteP2pPosted(const OpContext& ctx, int peer);
+  std::string describeForStatus();  // the status thread's view of this group, as JSON
+  std::unique_ptr<health::Registration> status_;  // last member: destroyed first, before what describeForStatus reads
 };
 
 // Remembers `backend` (weakly) for stopAllBackendsForExit; forgetLive() drops it.

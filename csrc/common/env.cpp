@@ -41,6 +41,8 @@ constexpr const char* kShmTreeFanIn = "DDPLITE_SHM_TREE_FANIN";
 constexpr const char* kAuth = "DDPLITE_AUTH";
 constexpr const char* kAuthKeyFile = "DDPLITE_AUTH_KEY_FILE";
 constexpr const char* kTraceBufferSize = "DDPLITE_TRACE_BUFFER_SIZE";
+constexpr const char* kStragglerWindow = "DDPLITE_STRAGGLER_WINDOW";
+constexpr const char* kStatus = "DDPLITE_STATUS";
 constexpr const char* kTorchTraceBufferSize = "TORCH_FR_BUFFER_SIZE";
 constexpr const char* kTraceDir = "DDPLITE_TRACE_DIR";
 constexpr const char* kTorchTraceFile = "TORCH_FR_DUMP_TEMP_FILE";
@@ -62,6 +64,8 @@ constexpr int64_t kMaximumTcpSpinUs = 100000;
 constexpr int64_t kDefaultRailsBytes = 2 << 20;
 constexpr int64_t kDefaultTraceBufferSize = 2000;
 constexpr int64_t kMaximumTraceBufferSize = 1000000;
+constexpr int64_t kDefaultStragglerWindow = 512;
+constexpr int64_t kMaximumStragglerWindow = 65536;
 constexpr const char* kDefaultTracePrefix = "/tmp/ddplite_traces/ddplite_trace_rank_";
 // DETAIL logs as INFO and turns on the cross-rank argument check (detailChecks()).
 const std::initializer_list<const char*> kLogLevels = {"WARN", "INFO", "TRACE", "DETAIL"};
@@ -212,6 +216,14 @@ const std::vector<Knob>& allKnobs() {
       {kTraceBufferSize, std::to_string(kDefaultTraceBufferSize),
        "Flight recorder: ops remembered per process group (0 turns it off). Unset: TORCH_FR_BUFFER_SIZE, "
        "else the default"},
+      {kStragglerWindow, std::to_string(kDefaultStragglerWindow),
+       "Straggler scores (torch_ddp_lite.stragglers): the last collectives whose arrival and completion each "
+       "rank remembers, per process group (0 turns it off: stragglers() then has nothing to score)"},
+      {kStatus, *kSwitch.begin(),
+       "1: each process answers `python -m torch_ddp_lite.status` on a port of its own (one listener and no "
+       "extra thread beyond one per process; queries authenticated as the TCP connections are, read-only; "
+       "docs/observability.md). 0: no listener, and status lists the process as not published. Same on every "
+       "rank. Read when the process's first group is created"},
       {kTraceDir, "",
        "Flight recorder: directory of the dumps (file ddplite_trace_rank_<global rank>), written when an op "
        "fails, on torch_ddp_lite.dump_flight_recorder() and on SIGUSR1 (DDPLITE_TRACE_SIGNAL=1). Unset: the "
@@ -257,6 +269,8 @@ void validateAll() {
   readBytes(kShmTreeFanIn, kDefaultShmTreeFanIn, 2, kMaximumShmTreeFanIn, "arrivals");
   readChoice(kCudaStaging, kStagings);
   traceBufferSize();
+  stragglerWindow();
+  readChoice(kStatus, kSwitch);
   readChoice(kTraceStacks, kOffSwitch);
   readChoice(kTraceSignal, kOffSwitch);
   testHooks();
@@ -343,6 +357,7 @@ std::vector<std::pair<std::string, std::string>> groupWideSettings() {
       {kTreeChunkBytes, std::to_string(treeChunkBytes())},
       {kFingerprint, fingerprintChecks() ? "1" : "0"},
       {kAuth, authenticateConnections() ? "1" : "0"},
+      {kStatus, statusServer() ? "1" : "0"},
       {kConnect, *(kConnectModes.begin() + readChoice(kConnect, kConnectModes))},
       {kShmSync, *(kShmSyncModes.begin() + syncMode)},
       // the fan-in shapes nothing when every group waits flat: any value agrees then
@@ -371,6 +386,10 @@ int64_t traceBufferSize() {
   return readBytes(kTorchTraceBufferSize, kDefaultTraceBufferSize, 0, kMaximumTraceBufferSize, "ops");
 }
 
+int64_t stragglerWindow() {
+  return readBytes(kStragglerWindow, kDefaultStragglerWindow, 0, kMaximumStragglerWindow, "ops");
+}
+
 std::string traceDumpPrefix() {
   if (const char* dir = rawValue(kTraceDir)) return strCat(dir, "/ddplite_trace_rank_");
   if (const char* prefix = rawValue(kTorchTraceFile)) return prefix;
@@ -396,6 +415,10 @@ bool fingerprintChecks() {
 
 bool syncOpsOnCaller() {
   return readChoice(kSyncOnCaller, kSwitch) == 0;
+}
+
+bool statusServer() {
+  return readChoice(kStatus, kSwitch) == 0;
 }
 
 bool authenticateConnections() {

@@ -117,6 +117,12 @@ bool detailChecks();
 // Flight recorder (backend/flight_recorder.hpp), each read each time:
 // DDPLITE_TRACE_BUFFER_SIZE, else TORCH_FR_BUFFER_SIZE, else 2000: ops remembered per group (0: off).
 int64_t traceBufferSize();
+// DDPLITE_STRAGGLER_WINDOW: collectives a group remembers for straggler scores
+// (backend/wait_ledger.hpp), 0 for none. Read each time (a group reads it when it is created).
+int64_t stragglerWindow();
+// DDPLITE_STATUS: whether this process answers the live status query (health/status_server.hpp).
+// Read each time; throws std::invalid_argument naming the knob for a bad value.
+bool statusServer();
 // Where dumps go: "<DDPLITE_TRACE_DIR>/ddplite_trace_rank_", else TORCH_FR_DUMP_TEMP_FILE, else
 // "/tmp/ddplite_traces/ddplite_trace_rank_"; the global rank is appended.
 std::string traceDumpPrefix();

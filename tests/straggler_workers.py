@@ -1,0 +1,63 @@
+"""Rank bodies for tests/test_stragglers.py: a DDP job in which one rank is slower per step."""
+
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def ddp_with_a_slow_rank(rank, world_size, slow, steps, step_s, slowdown):
+    """A DDP step: `step_s` of work outside the collectives (a sleep, so that the 2-core machine's
+    load does not decide who is slow), forward, backward (DDP's all_reduce), optimiser step. Rank
+    `slow` sleeps `slowdown` times as long. Returns the table after 5, 10 and `steps` steps (each
+    call is itself a collective; it counts in the next table) and the rows as plain tuples."""
+    import torch_ddp_lite
+    from torch.nn.parallel import DistributedDataParallel
+
+    # One intra-op thread: four ranks of two threads each on a 2-core machine spend more time in
+    # OpenMP's spin-waits than in the step, and that noise, not the sleep, would decide who is slow.
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                                        torch.nn.Linear(64, 8)))
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.randn(16, 32)
+    tables = {}
+    for step in range(1, steps + 1):
+        time.sleep(step_s * (slowdown if rank == slow else 1.0))
+        optimiser.zero_grad()
+        model(data).sum().backward()
+        optimiser.step()
+        if step in (5, 10, steps):
+            table = torch_ddp_lite.stragglers()
+            tables[step] = {"rows": [tuple(row) for row in table], "text": str(table)}
+    return tables
+
+
+def stragglers_refused(rank, world_size):
+    """What stragglers() says to bad calls: (kind, message) per call."""
+    import torch_ddp_lite
+
+    outcomes = {}
+    for name, call in {
+        "window_1": lambda: torch_ddp_lite.stragglers(window=1),
+        "window_str": lambda: torch_ddp_lite.stragglers(window="10"),
+    }.items():
+        try:
+            call()
+            outcomes[name] = ("returned", "")
+        except Exception as error:  # noqa: BLE001 - the test checks the kind
+            outcomes[name] = (type(error).__name__, str(error))
+    dist.barrier()
+    first = torch_ddp_lite.stragglers()
+    return outcomes, [tuple(row) for row in first]
+
+
+def gloo_group_refused(rank, world_size):
+    import torch_ddp_lite
+
+    try:
+        torch_ddp_lite.stragglers()
+    except ValueError as error:
+        return str(error)
+    return "returned"
