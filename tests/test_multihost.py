@@ -961,3 +961,52 @@ def test_stragglers_name_a_slow_rank_across_hosts(hosts, slow):
         assert all(row[2] > rows[0][2] for row in rows[1:]), tables["20"]["text"]
         assert tables["10"]["rows"][0][0] == slow, tables["10"]["text"]
     assert network.pids() == []
+
+
+def test_status_across_hosts_names_a_stopped_rank(hosts, tmp_path):
+    """python -m torch_ddp_lite.status, run on host 1, against a hierarchical job at 2 hosts x 2
+    ranks (tests/status_job.py) in which rank 3 is stopped with SIGSTOP: the other ranks answer
+    from their hosts' addresses, rank 3 is named not answering, and the all_reduce the others wait
+    in names it as the one not arrived; after SIGCONT the job ends cleanly."""
+    network = hosts(2)
+    stop_file = str(tmp_path / "stop")
+    env = host_environment("eth0", MASTER_ADDR=network.addresses[0], MASTER_PORT=str(STORE_PORT), WORLD_SIZE="4")
+    layout = [0, 0, 1, 1]
+    jobs = [start(network.run(host, [sys.executable, "tests/status_job.py", stop_file]),
+                  {**env, "RANK": str(rank), "LOCAL_RANK": str(rank % 2)}) for rank, host in enumerate(layout)]
+    try:
+        pids = {}
+        for rank, job in enumerate(jobs):
+            for line in job.stdout:
+                if line.startswith("READY "):
+                    pids[rank] = int(line.split()[2])
+                    break
+            assert rank in pids, f"rank {rank} ended before it was ready"
+        os.kill(pids[3], signal.SIGSTOP)
+        try:
+            time.sleep(1.5)
+            done = subprocess.run(network.run(1, [sys.executable, "-m", "torch_ddp_lite.status",
+                                                  f"{network.addresses[0]}:{STORE_PORT}", "--json"]),
+                                  capture_output=True, text=True, timeout=60, cwd=REPO, env=rank_environment())
+            assert done.returncode == 0, done.stderr[-3000:]
+            report = json.loads(done.stdout)
+        finally:
+            os.kill(pids[3], signal.SIGCONT)
+        assert report["took_s"] < 2.0, report["took_s"]
+        for rank, entry in enumerate(report["ranks"]):
+            if rank == 3:
+                assert entry["outcome"] == "not answering", entry
+                continue
+            assert entry["outcome"] == "answered", entry
+            assert entry["address"].startswith(network.addresses[layout[rank]] + ":"), entry
+            (group,) = entry["state"]["groups"]
+            assert group["transport"] == "hierarchical" and group["running"]["op"] == "allreduce", group
+        assert report["stalled"]["not_arrived"] == [3], report["stalled"]
+        open(stop_file, "w").close()
+        for rank, (returncode, output, _) in enumerate(finish(jobs, timeout=120)):
+            assert returncode == 0 and output.strip().endswith("DONE ok"), f"rank {rank}:\n{output[-3000:]}"
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+    assert network.pids() == []
