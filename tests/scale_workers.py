@@ -42,7 +42,7 @@ def group_rounds(rank, world_size, rounds):
 
 def _sockets():
     """Established TCP connections this process holds (its descriptors matched with /proc/net/tcp*)."""
-    return sum(state == "01" for state, _ in _own_sockets().values())  # 01: TCP_ESTABLISHED
+    return sum(state == "01" for state, *_ in _own_sockets().values())  # 01: TCP_ESTABLISHED
 
 
 def connections_on_demand(rank, world_size):
@@ -231,13 +231,15 @@ def recv_from_peer_killed_before_connecting(rank, world_size, victim):
 
 
 def _tcp_table():
-    """{socket inode: (state, local port)} of this network namespace's TCP sockets (IPv4 and IPv6)."""
+    """{socket inode: (state, local port, remote port, remote address as /proc/net/tcp writes it)}
+    of this network namespace's TCP sockets (IPv4 and IPv6)."""
     table = {}
     for name in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         with open(name) as rows:
             for row in list(rows)[1:]:
                 fields = row.split()
-                table[fields[9]] = (fields[3], int(fields[1].rsplit(":", 1)[1], 16))
+                remote_ip, remote_port = fields[2].rsplit(":", 1)
+                table[fields[9]] = (fields[3], int(fields[1].rsplit(":", 1)[1], 16), int(remote_port, 16), remote_ip)
     return table
 
 
@@ -253,7 +255,8 @@ def _socket_inodes():
 
 
 def _own_sockets():
-    """{inode: (state, local port)} of the TCP sockets this process holds."""
+    """{inode: (state, local port, remote port, remote address)} of the TCP sockets this process
+    holds."""
     table = _tcp_table()
     return {inode: table[inode] for inode in _socket_inodes() if inode in table}
 
@@ -288,8 +291,8 @@ def simultaneous_connects(rank, world_size, rounds, collective):
             right = got.tolist() == [float(100 * source + rank) for source in range(world_size)]
         seconds = time.monotonic() - start
         after = _own_sockets()
-        listening = {port for state, port in after.values() if state == "0A"}
-        added = [port for inode, (state, port) in after.items() if state == "01" and inode not in before]
+        listening = {port for state, port, *_ in after.values() if state == "0A"}
+        added = [port for inode, (state, port, *_) in after.items() if state == "01" and inode not in before]
         outcomes.append({"added": len(added), "made": sum(port not in listening for port in added),
                          "seconds": seconds, "right": right})
         _store_barrier(store, f"simultaneous/{round_}/counted", world_size)  # no peer leaves before the count

@@ -888,12 +888,16 @@ output = torch.empty(size * 3)
 dist.all_to_all_single(output, source)
 after = scale_workers._own_sockets()
 expected = torch.cat([torch.arange(3 * rank, 3 * rank + 3, dtype=torch.float32) + 100 * peer for peer in range(size)])
-# Established sockets that appeared, but those the store's server (rank 0) accepted: torch may
-# open a store connection of its own meanwhile (seen on torch 2.15 on rank 0).
+# Established sockets that appeared, but the store's: torch may open a store connection of its
+# own meanwhile (seen on torch 2.15: rank 0's server accepted one), at either end of it.
 store_port = int(url.rsplit(":", 1)[1])
-opened = [port for inode, (state, port) in after.items() if state == "01" and inode not in before]
-outcome = {"opened": sum(port != store_port for port in opened), "store_accepted": opened.count(store_port),
+opened = [(local, remote, ip) for inode, (state, local, remote, ip) in after.items()
+          if state == "01" and inode not in before]
+store_side = [pair for pair in opened if store_port in pair[:2]]
+outcome = {"opened": len(opened) - len(store_side), "store_connections": len(store_side), "pairs": opened,
+           "listening": sorted(local for state, local, *_ in after.values() if state == "0A"),
            "right": bool(torch.equal(output, expected))}
+store_barrier("measured")  # before any rank's barrier: its leaders' connections would count here
 dist.barrier()
 dist.destroy_process_group()
 print("OUTCOME " + json.dumps(outcome), flush=True)

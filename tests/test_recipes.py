@@ -36,8 +36,15 @@ def environment(**extra):
 
 def run(command, timeout=600):
     result = run_in_own_session(command, timeout, env=environment())
-    assert result.returncode == 0, result.stdout + result.stderr[-5000:]
+    assert result.returncode == 0, result.stdout + _why(result.stderr) + result.stderr[-5000:]
     return result.stdout
+
+
+def _why(stderr):
+    """The lines of a failed run's stderr that say why (a launcher's traceback buries them)."""
+    markers = ("terminate called", "what():", "Error", "error:", "WARN", "Fatal", "Abort", "Signal")
+    lines = [line for line in stderr.splitlines() if any(marker in line for marker in markers)]
+    return "\n--- the lines of stderr that say why ---\n" + "\n".join(lines[-60:]) + "\n--- stderr's end ---\n"
 
 
 def done_line(stdout):

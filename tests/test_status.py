@@ -11,7 +11,9 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
+import threading
 import sys
 import time
 
@@ -184,11 +186,13 @@ def _proof(secret, address, greeting):
 
 
 def _answered(sock):
+    """Whether an answer's length came (not the refusal marker, not a close)."""
     sock.settimeout(3)
     try:
-        return sock.recv(4) != b""
+        length = sock.recv(4)
     except (socket.timeout, ConnectionResetError):
         return False
+    return len(length) == 4 and length != struct.pack(">I", status.REFUSED_LENGTH)
 
 
 def _asked_with(address, make_proof):
@@ -220,6 +224,10 @@ def test_a_stranger_without_the_secret_gets_nothing(jobs, tmp_path):
     replayed = _proof(secret, address, greeting)
     first.close()
     assert not _asked_with(address, lambda greeting: replayed)
+    # the tool with a wrong secret is told so at once (the refusal marker), not after its timeout
+    started = time.monotonic()
+    assert status.ask(address, b"not the secret", timeout_s=5.0)[0] == "refused"
+    assert time.monotonic() - started < 2.0
     # strangers that connect and say nothing delay no query
     silent = [socket.create_connection(tuple([address.rpartition(":")[0], int(address.rpartition(":")[2])]))
               for _ in range(20)]
@@ -298,3 +306,64 @@ def test_no_job_in_the_store_and_status_off(jobs, tmp_path):
     assert all(output.strip().endswith("DONE ok") for output in job.stop())
     code, _, err, _ = run_status("127.0.0.1:1")
     assert code == 2 and "cannot reach the store" in err, err
+
+
+def _fake_status_port(secret, push_out_first):
+    """A listener speaking the status protocol that closes its first `push_out_first` askers
+    unanswered (half before the greeting, as a process that ends; half after reading the proof,
+    as a full port pushes one out), then answers."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    connections = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            connections.append(conn)
+            with conn:
+                if len(connections) <= push_out_first and len(connections) % 2 == 1:
+                    continue  # closed before the greeting
+                nonce = os.urandom(16)
+                conn.sendall(status.MAGIC + nonce)
+                proof = conn.recv(32)
+                if len(connections) <= push_out_first:
+                    continue  # pushed out after the proof came
+                expected = hmac.new(secret, status.MAC_CONTEXT + b"|" + address.encode() + b"|" + nonce,
+                                    hashlib.sha256).digest()
+                if proof != expected:
+                    conn.sendall(struct.pack(">I", status.REFUSED_LENGTH))
+                    continue
+                body = json.dumps({"groups": [], "pid": 1}).encode()
+                seal = hmac.new(secret, status.ANSWER_CONTEXT + b"|" + nonce + body, hashlib.sha256).digest()
+                conn.sendall(struct.pack(">I", len(body)) + body + seal)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, address, connections
+
+
+@pytest.mark.parametrize("push_out_first", [0, 5, 10**6], ids=["answered", "pushed-out-5-times", "always-full"])
+def test_the_tool_asks_again_when_pushed_out_and_gives_up_at_its_deadline(push_out_first):
+    """A port whose 64 slots strangers hold closes an asker to make room; the tool connects again
+    (1, 2, 4 ... 50 ms apart) until its timeout, and says "not answering" with how often it was
+    closed unanswered. A wrong secret is "refused" at once."""
+    secret = b"s" * 64
+    listener, address, connections = _fake_status_port(secret, push_out_first)
+    try:
+        started = time.monotonic()
+        outcome, detail = status.ask(address, secret, timeout_s=1.0)
+        took = time.monotonic() - started
+        if push_out_first == 10**6:
+            assert outcome == "not answering" and "closed before answering" in detail, (outcome, detail)
+            assert 0.9 < took < 2.0 and 10 < len(connections) < 60, (took, len(connections))
+        else:
+            assert outcome == "answered" and detail == {"groups": [], "pid": 1}, (outcome, detail)
+            assert len(connections) == push_out_first + 1 and took < 1.0, (len(connections), took)
+            started = time.monotonic()
+            assert status.ask(address, b"w" * 64, timeout_s=1.0)[0] == "refused"
+            assert time.monotonic() - started < 0.5
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the serving thread
+        listener.close()

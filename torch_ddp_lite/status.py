@@ -7,7 +7,7 @@ default), or ``file:///path`` (or a plain path) for a ``file://`` init method. E
 the job answers on a port of its own (``csrc/health/status_server.hpp``: one listener and one
 thread per process, nothing on the collective path); the store only says where. Every rank is
 asked at once and gets ``--timeout`` (1.5 s) to answer, so the answer comes within 2 s at any
-size (up to the threads this tool can start at once); the job is neither stopped nor slowed.
+size (256 ranks asked at once; more take turns); the job is neither stopped nor slowed.
 
 For each rank: its host and pid; what it is doing (in collective X #seq for how long, between
 collectives for how long, send/recv pending and with whom); its last completed collective. Ranks
@@ -39,7 +39,9 @@ MAGIC = b"DDPLST01"
 MAC_CONTEXT = b"ddplite-status"
 ANSWER_CONTEXT = b"ddplite-status-answer"
 DEFAULT_TIMEOUT_S = 1.5
+REFUSED_LENGTH = 0xFFFFFFFF  # sent instead of an answer's length to a wrong proof
 DEFAULT_STALL_AFTER_S = 1.0
+MAX_ASKING_AT_ONCE = 256  # threads asking at once: a rank that does not answer holds one for --timeout
 MIN_OPS_TO_SCORE = 16  # below this, the text shows no straggler table: a few ops' gaps are noise
 
 
@@ -138,15 +140,17 @@ def _receive(sock, size, deadline):
     return data
 
 
-def ask(address, secret, timeout_s=DEFAULT_TIMEOUT_S):
-    """One process's answer: ("answered", state) or (outcome, detail) with outcome "dead" (nothing
-    listens there), "not answering" (no answer in time) or "refused" (closed without an answer:
-    the secret was not the job's; or an answer not sealed with it). The proof is bound to
-    ``address`` as published: a relay at another address cannot pass it on."""
+class _ClosedUnanswered(Exception):
+    """The connection closed before the answer's length came, without the refusal marker: the
+    process pushed it out to make room for a newcomer (at most 64 askers are held at once,
+    csrc/health/status_server.cpp), or ended."""
+
+
+def _ask_once(address, secret, deadline):
     host, _, port = address.rpartition(":")
-    deadline = time.monotonic() + timeout_s
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+    with socket.create_connection((host.strip("[]"), int(port)),
+                                  timeout=max(0.001, deadline - time.monotonic())) as sock:
+        try:
             greeting = _receive(sock, len(MAGIC) + 16, deadline)
             if greeting[:len(MAGIC)] != MAGIC:
                 return "refused", f"{address} is not a ddplite status port"
@@ -155,24 +159,55 @@ def ask(address, secret, timeout_s=DEFAULT_TIMEOUT_S):
                 secret, MAC_CONTEXT + b"|" + address.encode() + b"|" + nonce, hashlib.sha256).digest()
             sock.sendall(proof)
             length = struct.unpack(">I", _receive(sock, 4, deadline))[0]
-            body = _receive(sock, length, deadline)
-            seal = _receive(sock, 32, deadline)
-            if secret is not None and not hmac.compare_digest(
-                    seal, hmac.new(secret, ANSWER_CONTEXT + b"|" + nonce + body, hashlib.sha256).digest()):
-                return "refused", f"the answer from {address} is not sealed with the job's secret"
-            return "answered", json.loads(body.decode("utf-8", "replace"))
-    except ConnectionRefusedError:
-        return "dead", f"nothing listens at {address}"
-    except (socket.timeout, TimeoutError):
-        return "not answering", f"no answer within {timeout_s:g} s"
-    except ConnectionResetError:
-        return "refused", "the process closed the connection without an answer (is the key the job's?)"
-    except ValueError as error:  # not JSON, a malformed address
-        return "refused", f"{address}: unreadable answer ({error})"
-    except OSError as error:
-        if error.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-            return "not answering", f"{address} unreachable: {error.strerror}"
-        return "dead", f"{address}: {error}"
+        except (ConnectionResetError, BrokenPipeError):
+            raise _ClosedUnanswered() from None
+        if length == REFUSED_LENGTH:
+            return "refused", f"{address} did not accept the proof (is the key the job's?)"
+        body = _receive(sock, length, deadline)
+        seal = _receive(sock, 32, deadline)
+        if secret is not None and not hmac.compare_digest(
+                seal, hmac.new(secret, ANSWER_CONTEXT + b"|" + nonce + body, hashlib.sha256).digest()):
+            return "refused", f"the answer from {address} is not sealed with the job's secret"
+        return "answered", json.loads(body.decode("utf-8", "replace"))
+
+
+def ask(address, secret, timeout_s=DEFAULT_TIMEOUT_S):
+    """One process's answer: ("answered", state) or (outcome, detail) with outcome "dead" (nothing
+    listens there), "not answering" (no answer in time) or "refused" (the secret was not the
+    job's; or an answer not sealed with it). The proof is bound to ``address`` as published: a
+    relay at another address cannot pass it on. A connection closed before the answer without
+    the refusal marker (pushed out to make room: strangers holding the port's 64 slots) is made
+    again, after 1, 2, 4 ... 50 ms, until ``timeout_s``; a process that ended then refuses the
+    next connect ("dead")."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.001
+    closed = 0
+
+    def closed_note():
+        return f" (closed before answering {closed} times first)" if closed else ""
+
+    while True:
+        try:
+            return _ask_once(address, secret, deadline)
+        except _ClosedUnanswered:
+            closed += 1
+            if time.monotonic() + pause >= deadline:
+                return "not answering", (f"closed before answering {closed} times within {timeout_s:g} s (a port "
+                                         "that strangers keep full, or not a ddplite status port)")
+            time.sleep(pause)
+            pause = min(0.05, pause * 2)
+        except ConnectionRefusedError:
+            return "dead", f"nothing listens at {address}" + closed_note()
+        except (socket.timeout, TimeoutError):
+            return "not answering", f"no answer within {timeout_s:g} s" + closed_note()
+        except ConnectionResetError:
+            return "refused", f"{address} reset the connection during its answer"
+        except ValueError as error:  # not JSON, a malformed address
+            return "refused", f"{address}: unreadable answer ({error})"
+        except OSError as error:
+            if error.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+                return "not answering", f"{address} unreachable: {error.strerror}"
+            return "dead", f"{address}: {error}"
 
 
 def _local_process_state(pid):
@@ -185,13 +220,19 @@ def _local_process_state(pid):
     return "stopped" if state in ("T", "t") else None
 
 
-def collect(store, key_file=None, timeout_s=DEFAULT_TIMEOUT_S):
-    """Every rank's answer: {"size", "ranks": [{"rank", "address", "pid", "host", "outcome",
-    "detail", "state"}], "took_s"}."""
+def root_store(store):
+    """The store under every PrefixStore: the status keys are at the root of the job's store."""
     import torch.distributed as dist
 
-    while isinstance(store, dist.PrefixStore):  # the keys are at the root of the job's store
+    while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
+    return store
+
+
+def collect(store, key_file=None, timeout_s=DEFAULT_TIMEOUT_S, at_once=MAX_ASKING_AT_ONCE):
+    """Every rank's answer: {"size", "ranks": [{"rank", "address", "pid", "host", "outcome",
+    "detail", "state"}], "took_s"}; ``at_once`` ranks are asked at a time."""
+    store = root_store(store)
     started = time.monotonic()
     size_text = _read(store, "ddplite/status/size")
     if size_text is None:
@@ -209,7 +250,7 @@ def collect(store, key_file=None, timeout_s=DEFAULT_TIMEOUT_S):
         address, pid, host = published.split(" ", 2)
         secrets[rank] = secret_for(auth_line, key_file)
         ranks.append({"rank": rank, "address": address, "pid": int(pid), "host": host, "state": None})
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(1024, max(1, size))) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(at_once, max(1, size))) as pool:
         answers = {entry["rank"]: pool.submit(ask, entry["address"], secrets[entry["rank"]], timeout_s)
                    for entry in ranks if entry["address"] is not None}
         for entry in ranks:

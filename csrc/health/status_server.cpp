@@ -38,6 +38,10 @@ constexpr auto kWarnEvery = std::chrono::seconds(10);
 constexpr auto kClientWithin = std::chrono::seconds(2);  // an asker's whole exchange
 constexpr size_t kMaxClients = 64;                        // askers served at once
 constexpr int kStopLookMs = 200;  // how soon the thread sees `stop` while no query comes
+// Sent instead of an answer's length to an asker whose proof was wrong, before the close: the
+// asker then knows its key is not the job's. A close with nothing sent means "pushed out to make
+// room" (or the process ended): the asker connects again.
+constexpr uint32_t kRefusedLength = 0xFFFFFFFFu;
 
 using Clock = std::chrono::steady_clock;
 
@@ -254,6 +258,8 @@ class Server {
       const auth::Digest expected = auth::hmacSha256(secret_.value, strCat(kMacContext, "|", address_, "|", nonce));
       if (!secret_.open && !auth::sameDigest(client.proof, expected)) {
         warnRefused(client.from);
+        const uint32_t refused = htonl(kRefusedLength);  // best effort: a fresh socket's buffer takes 4 bytes
+        (void)::send(client.fd, &refused, sizeof(refused), MSG_NOSIGNAL);
         return false;
       }
       const std::string json = describe();

@@ -26,11 +26,12 @@
 //                     for another address (a relay that rewrote the store) is refused
 //   server -> client: length (4 bytes, big-endian), the process's state as JSON (that many bytes),
 //                     HMAC-SHA256(secret, "ddplite-status-answer|" nonce JSON) (32 bytes)
-// With "none" the proof is not checked and the answer's MAC is zeros. A wrong proof is dropped
-// without an answer and logged (WARN, at most once per 10 s with a count) with the asker's
-// address. Every asker is served at once (non-blocking sockets, one poll() over all), each
-// within 2 s of its connect, at most 64: a newcomer then pushes out one that has not proven the
-// secret, drawn at random. So strangers that connect and say nothing delay no query.
+// With "none" the proof is not checked and the answer's MAC is zeros. A wrong proof gets the
+// length 0xFFFFFFFF and no answer, and is logged (WARN, at most once per 10 s with a count) with
+// the asker's address. Every asker is served at once (non-blocking sockets, one poll() over
+// all), each within 2 s of its connect, at most 64: a newcomer then pushes out one that has not
+// proven the secret, drawn at random, closing it with nothing sent (the tool connects again).
+// So strangers that connect and say nothing delay no query.
 //
 // Threading: registerGroup and ~Registration from any thread (creation and destruction of
 // groups); the describe callbacks run on the server thread under the registry's mutex, which
