@@ -21,17 +21,23 @@ def _create_backend(dist_backend_opts, backend_options=None):
     from torch_ddp_lite import _load_extension
     from torch_ddp_lite.options import effective_timeout
 
+    from torch_ddp_lite.stragglers import start_report_if_asked
+
     opts = dist_backend_opts
     # pg_options (torch passes them here): what applies is honoured, the rest refused (options.py).
     timeout = effective_timeout(opts.timeout, backend_options, opts.group_rank, opts.group_size)
-    return _load_extension().create_backend(
+    global_ranks = list(opts.global_ranks_in_group or [])
+    backend = _load_extension().create_backend(
         opts.store,
         opts.group_rank,
         opts.group_size,
         timeout,
-        list(opts.global_ranks_in_group or []),
+        global_ranks,
         str(opts.group_id or ""),
     )
+    global_rank = global_ranks[opts.group_rank] if global_ranks else opts.group_rank
+    start_report_if_asked(global_rank)
+    return backend
 
 
 def _mpi_rendezvous(url, **kwargs):

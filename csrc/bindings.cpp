@@ -193,6 +193,9 @@ PYBIND11_MODULE(_C, m) {
       py::arg("work"),
       "(issued, running, ran, finished): steady-clock ns of a completed ddplite CPU op's stages (0: not "
       "reached), or None for another backend's Work.");
+  m.def("straggler_report_seconds", &ddplite::env::stragglerReportSeconds,
+        "DDPLITE_STRAGGLER_REPORT: seconds between straggler reports on global rank 0 (0: none); raises "
+        "ValueError naming the knob for a bad value.");
   m.def(
       "group_wait_ledger",
       [](const c10::intrusive_ptr<c10d::Backend>& backend) {

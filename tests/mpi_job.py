@@ -10,6 +10,9 @@ Every rank writes its result to OUT/rank<R>.pt (torch.save), which the test comp
   stall   rank 1 skips an all_reduce: rank 0 must fail within the group's timeout, not hang
   mismatch  the ranks disagree (a gather refused on the root, then all_reduce against broadcast):
           every rank must raise, none may return a value (mismatch_workers.py)
+  health  DDP with the last rank 30% slower per step: torch_ddp_lite.stragglers() on every rank,
+          and the live status query (python -m torch_ddp_lite.status at rank 0's mpi:// store)
+          while the other ranks wait in a barrier (straggler_workers.py)
   parity  the calls gloo serves that ddplite once refused (parity_workers.py: all_gather_coalesced,
           coalescing, sparse all_reduce, split_group, monitored_barrier with a rank that never
           arrives), as tests/test_parity.py runs them, under mpirun
@@ -129,7 +132,30 @@ def run_parity(rank, size):
             "monitored": parity_workers.monitored_barrier(rank, size, "ddplite", missing, False, 1.0, 3.0)}
 
 
-MODES = {"parity": run_parity, "sweeps": run_sweeps, "ddp": run_ddp, "env": run_env, "groups": run_groups, "stall": run_stall,
+def run_health(rank, size):
+    import json
+    import subprocess
+
+    import straggler_workers
+
+    dist.init_process_group("ddplite", init_method="mpi://", timeout=datetime.timedelta(seconds=120))
+    straggler_workers._train(rank, size - 1, 30, 0.02, 1.3)
+    table = torch_ddp_lite.stragglers()
+    result = {**group_facts(), "rows": [tuple(row) for row in table], "text": str(table)}
+    if rank == 0:  # the others wait in the barrier meanwhile
+        from torch_ddp_lite import status
+
+        port = int(os.environ["MASTER_PORT"])  # where the mpi:// store listens when it is set
+        asked = subprocess.run([sys.executable, "-m", "torch_ddp_lite.status", f"127.0.0.1:{port}", "--json",
+                                "--stall-after", "0.5"], capture_output=True, text=True, timeout=120)
+        result["status"] = {"code": asked.returncode, "stderr": asked.stderr,
+                            "port": status.root_store(dist.distributed_c10d._get_default_store()).port,
+                            "report": json.loads(asked.stdout) if asked.returncode == 0 else None}
+    dist.barrier()
+    return result
+
+
+MODES = {"health": run_health, "parity": run_parity, "sweeps": run_sweeps, "ddp": run_ddp, "env": run_env, "groups": run_groups, "stall": run_stall,
          "mismatch": run_mismatch}
 
 

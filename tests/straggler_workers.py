@@ -12,25 +12,15 @@ def ddp_with_a_slow_rank(rank, world_size, slow, steps, step_s, slowdown):
     `slow` sleeps `slowdown` times as long. Returns the table after 5, 10 and `steps` steps (each
     call is itself a collective; it counts in the next table) and the rows as plain tuples."""
     import torch_ddp_lite
-    from torch.nn.parallel import DistributedDataParallel
 
-    # One intra-op thread: four ranks of two threads each on a 2-core machine spend more time in
-    # OpenMP's spin-waits than in the step, and that noise, not the sleep, would decide who is slow.
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
-                                                        torch.nn.Linear(64, 8)))
-    optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = torch.randn(16, 32)
     tables = {}
-    for step in range(1, steps + 1):
-        time.sleep(step_s * (slowdown if rank == slow else 1.0))
-        optimiser.zero_grad()
-        model(data).sum().backward()
-        optimiser.step()
+
+    def after(step):
         if step in (5, 10, steps):
             table = torch_ddp_lite.stragglers()
             tables[step] = {"rows": [tuple(row) for row in table], "text": str(table)}
+
+    _train(rank, slow, steps, step_s, slowdown, after)
     return tables
 
 
@@ -61,3 +51,53 @@ def gloo_group_refused(rank, world_size):
     except ValueError as error:
         return str(error)
     return "returned"
+
+
+class _Captured:
+    """sys.stderr's stand-in: keeps what Python code writes (the report thread prints there)."""
+
+    def __init__(self):
+        self.parts = []
+
+    def write(self, text):
+        self.parts.append(text)
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def ddp_under_the_report(rank, world_size, slow, steps, step_s, slowdown):
+    """DDPLITE_STRAGGLER_REPORT set: the DDP job of ddp_with_a_slow_rank, no stragglers() call;
+    returns what the report thread wrote to stderr on this rank (global rank 0 reports)."""
+    import sys
+
+    captured = _Captured()
+    sys.stderr = captured
+    try:
+        _train(rank, slow, steps, step_s, slowdown)
+        dist.barrier()
+        time.sleep(1.5)  # one more report after the last step, before anyone leaves
+    finally:
+        sys.stderr = sys.__stderr__  # before the barrier: no rank has left while it was captured
+    dist.barrier()
+    return "".join(captured.parts)
+
+
+def _train(rank, slow, steps, step_s, slowdown, after_step=lambda step: None):
+    from torch.nn.parallel import DistributedDataParallel
+
+    # One intra-op thread: four ranks of two threads each on a 2-core machine spend more time in
+    # OpenMP's spin-waits than in the step, and that noise, not the sleep, would decide who is slow.
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                                        torch.nn.Linear(64, 8)))
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.randn(16, 32)
+    for step in range(1, steps + 1):
+        time.sleep(step_s * (slowdown if rank == slow else 1.0))
+        optimiser.zero_grad()
+        model(data).sum().backward()
+        optimiser.step()
+        after_step(step)

@@ -4,6 +4,7 @@ closed form and gloo on identical inputs (tests/mpi_job.py runs inside the job).
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -25,12 +26,14 @@ needs_mpirun = pytest.mark.skipif(MPIRUN is None or not MPI_BUILT,
                                   reason="needs mpirun and ddplite built with MPI (scripts/setup.sh installs both)")
 
 
-def mpirun(mode, ranks, out_dir, transport="tcp", timeout_s=300):
-    """Runs tests/mpi_job.py under mpirun; returns every rank's result."""
-    command = [MPIRUN, "--bind-to", "none", "-x", "DDPLITE_CPU_TRANSPORT", "-np", str(ranks), sys.executable,
+def mpirun(mode, ranks, out_dir, transport="tcp", timeout_s=300, **env):
+    """Runs tests/mpi_job.py under mpirun (with `env` passed to every rank); returns every rank's
+    result."""
+    exported = [arg for name in ("DDPLITE_CPU_TRANSPORT", *env) for arg in ("-x", name)]
+    command = [MPIRUN, "--bind-to", "none", *exported, "-np", str(ranks), sys.executable,
                os.path.join(HERE, "mpi_job.py"), mode, str(out_dir)]
-    completed = subprocess.run(command, env=mpirun_environment(DDPLITE_CPU_TRANSPORT=transport), capture_output=True,
-                               text=True, timeout=timeout_s)
+    completed = subprocess.run(command, env=mpirun_environment(DDPLITE_CPU_TRANSPORT=transport, **env),
+                               capture_output=True, text=True, timeout=timeout_s)
     assert completed.returncode == 0, f"mpirun failed ({completed.returncode}):\n{completed.stdout}\n{completed.stderr}"
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(ranks)]
 
@@ -107,6 +110,30 @@ def test_rank_missing_from_a_collective_fails_within_the_timeout(tmp_path, trans
     assert "ddplite rank 0/2, allreduce #2" in failure["message"] and "Hint:" in failure["message"]
     assert "Timed out" in failure["message"], failure  # gloo's phrase, on both data paths
     assert 4.5 < failure["seconds"] < 30, failure
+
+
+@needs_mpirun
+def test_stragglers_and_the_status_query_on_the_mpi_data_path(tmp_path):
+    """DDPLITE_CPU_TRANSPORT=mpi (MPI's own collectives), mpi:// rendezvous, 4 ranks, rank 3 30%
+    slower per step: stragglers() names it first on every rank, and the status query, asked at
+    rank 0's store, gets every rank's answer, with ranks 1-3 waiting in the barrier rank 0 has not
+    reached. MASTER_PORT set: rank 0's mpi:// store listens there, for the tool to be pointed at."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    results = mpirun("health", 4, tmp_path, "mpi", MASTER_PORT=str(port))
+    for result in results:
+        assert result["transport"] == "mpi", result
+        assert result["rows"] == results[0]["rows"], "every rank gets the same table"
+        assert result["rows"][0][0] == 3 and 0.55 < result["rows"][0][2] < 0.92, result["text"]
+    asked = results[0]["status"]
+    assert asked["port"] == port and asked["code"] == 0, asked
+    report = asked["report"]
+    assert [entry["outcome"] for entry in report["ranks"]] == ["answered"] * 4, report
+    waiting = {entry["rank"]: entry["state"]["groups"][0]["running"] for entry in report["ranks"]}
+    assert waiting[0] is None and all(waiting[r]["op"] == "barrier" for r in (1, 2, 3)), waiting
+    assert report["stalled"]["not_arrived"] == [0], report["stalled"]
+    assert report["stragglers"][0]["rank"] == 3, report["stragglers"]
 
 
 # ---- without mpirun -----------------------------------------------------------------------------

@@ -179,6 +179,7 @@ BAD_KNOB_VALUES = [
     ("DDPLITE_TRACE_STACKS", "yes", "use one of: 0 (the default), 1"),
     ("DDPLITE_STRAGGLER_WINDOW", "big", "use a whole number of ops >= 0 and <= 65536 (the default is 512)"),
     ("DDPLITE_STATUS", "on", "use one of: 1 (the default), 0"),
+    ("DDPLITE_STRAGGLER_REPORT", "soon", "use a whole number of seconds >= 0 and <= 604800 (the default is 0)"),
     ("DDPLITE_TRACE_SIGNAL", "USR1", "use one of: 0 (the default), 1"),
 ]
 

@@ -91,3 +91,21 @@ def test_bad_calls_and_a_fresh_group():
 
 def test_a_gloo_group_is_refused():
     assert run_ranks(sw.gloo_group_refused, 2, backend="gloo") == ["the group's CPU backend is gloo, not ddplite"] * 2
+
+
+def test_the_periodic_report_names_the_slow_rank_on_rank_0_only():
+    """DDPLITE_STRAGGLER_REPORT=1: global rank 0 logs the default group's table every second from
+    a thread of its own (no collective: the job calls nothing); the slow rank heads it. The other
+    ranks log nothing."""
+    env = {"DDPLITE_STRAGGLER_REPORT": "1"}
+    logs = run_ranks(sw.ddp_under_the_report, 4, 3, 150, 0.02, 1.3, env=env)
+    assert all("stragglers" not in log for log in logs[1:]), logs[1:]
+    reports = logs[0].split("stragglers of the default group over its last ")[1:]
+    assert len(reports) >= 2, logs[0]  # 150 steps of 20+ ms: 3 s and more, one report a second
+    last = reports[-1].splitlines()
+    assert "(DDPLITE_STRAGGLER_REPORT=1)" in last[0] and int(last[0].split()[0]) >= 16, logs[0]
+    header, first = last[1].split(), last[2].split()
+    assert header[3:6] == ["rank", "host", "score"], last  # after "[ddplite PID] INFO"
+    assert first[3] == "3" and 0.55 < float(first[5]) < 0.92, logs[0]  # "[ddplite PID] INFO 3 host 0.77 ..."
+    assert "not answering" not in logs[0] and "dead" not in logs[0], logs[0]
+

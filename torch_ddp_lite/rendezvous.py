@@ -1,8 +1,9 @@
 """Rendezvous for launchers that are not torchrun: ``mpi://``, and env:// under mpirun or Slurm.
 
 ``init_method="mpi://"`` (registered by the ``ddplite`` entry point, so a stock script needs no
-import): rank and world size come from MPI; rank 0 starts a c10d TCPStore on a free port and
-``MPI_Bcast`` tells the other ranks where it is. Nothing else need be set::
+import): rank and world size come from MPI; rank 0 starts a c10d TCPStore on MASTER_PORT if set
+(for the status query), else on a free port, and ``MPI_Bcast`` tells the other ranks where it
+is. Nothing else need be set::
 
     mpirun -np 4 python train.py        # dist.init_process_group("ddplite", init_method="mpi://")
 
@@ -182,12 +183,14 @@ def _check_against_mpi(url, rank, size):
 
 
 def _store_over_mpi(rank, size, timeout):
-    """Rank 0 hosts a TCPStore on a free port; MPI_Bcast carries 'hostname address port'."""
+    """Rank 0 hosts a TCPStore on MASTER_PORT if set (so that ``python -m torch_ddp_lite.status``
+    can be pointed at it), else on a free port; MPI_Bcast carries 'hostname address port'."""
     extension = _extension()
     store = None
     if rank == 0:
         address, _ = extension.listen_address()
-        store = dist.TCPStore("127.0.0.1", 0, size, True, timeout, wait_for_workers=False, multi_tenant=True)
+        port = int(os.environ.get("MASTER_PORT") or 0)
+        store = dist.TCPStore("127.0.0.1", port, size, True, timeout, wait_for_workers=False, multi_tenant=True)
         announcement = f"{socket.gethostname()} {address} {store.port}"
     else:
         announcement = ""

@@ -20,17 +20,28 @@ below is a duration measured on one rank's clock.
 
 Only collectives recorded on every rank count (a rank's window may have rotated further); a
 collective that failed is not recorded.
+
+With ``DDPLITE_STRAGGLER_REPORT=seconds``, global rank 0 logs the table of the default group to
+stderr that often, from a thread of its own that asks every rank as ``python -m
+torch_ddp_lite.status`` does (no collective: the training loop is neither called into nor
+stopped), with the ranks that did not answer and an op the others have waited in for 1 s or more.
 """
 
 import collections
+import os
 import pickle
 import socket
+import sys
+import threading
+import time
 
 import torch
 
 # Added to every rank's time outside: without it, a rank that is never outside (collectives back
 # to back) would give every other rank a score of 0, and microseconds of noise would rank ranks.
 FLOOR_NS_PER_GAP = 10_000
+# Ranks the periodic report asks at a time, from threads of rank 0's training process.
+REPORT_ASKS_AT_ONCE = 16
 
 Row = collections.namedtuple(
     "Row", ["rank", "host", "score", "imposed_ms", "last_fraction", "mean_wait_ms", "p95_wait_ms", "outside_ms",
@@ -138,3 +149,97 @@ def stragglers(group=None, window=None):
     # Padded to the longest: pickle ignores the bytes past its end.
     gathered = [pickle.loads(blob) for blob in _all_gather_bytes(mine, group)]
     return score_ledgers([entries for _, entries in gathered], [host for host, _ in gathered], window)
+
+
+class _Report:
+    """The periodic straggler report of this process (global rank 0 only): one daemon thread,
+    started by the first ddplite group created with the knob set, that reports on the default
+    group of whichever job this process is in at each tick (it holds no store between ticks, so
+    a destroyed job's store goes when torch lets it go). ``_every_s`` is guarded by ``_lock``."""
+
+    _lock = threading.Lock()
+    _thread = None
+    _every_s = 0
+
+    @classmethod
+    def follow(cls, every_s):
+        with cls._lock:
+            cls._every_s = every_s  # a later job's value applies from the next tick
+            if cls._thread is None:
+                thread = threading.Thread(target=cls._run, name="ddplite-stragglers", daemon=True)
+                thread.start()
+                cls._thread = thread
+
+    @classmethod
+    def _run(cls):
+        import torch.distributed as dist
+
+        from torch_ddp_lite import status
+
+        while True:
+            with cls._lock:
+                every_s = cls._every_s
+            time.sleep(every_s)
+            try:
+                if not dist.is_initialized():
+                    continue  # set-up not finished yet, or no job now
+                text = report_text(status.root_store(dist.distributed_c10d._get_default_store()), every_s)
+            except Exception as error:  # the job ending under the query; a store gone
+                text = f"rank 0: no straggler report this time: {type(error).__name__}: {error}"
+            try:
+                for line in text.splitlines():
+                    print(f"[ddplite {os.getpid()}] INFO {line}", file=sys.stderr, flush=True)
+            except Exception:  # stderr closed or broken: nothing to report to, but keep going
+                pass
+
+
+def report_text(store, every_s=None):
+    """The straggler report of the job whose (root) store is ``store``: the default group's table
+    over the ranks that answered, the ranks that did not and why, and an op the answering ranks
+    have waited in for 1 s or more; "" while the status keys are not all published."""
+    from torch_ddp_lite import status
+
+    try:
+        report = status.analyse(status.collect(store, at_once=REPORT_ASKS_AT_ONCE))
+    except status.StatusError:
+        return ""
+    knob = f" (DDPLITE_STRAGGLER_REPORT={every_s:g})" if every_s else ""
+    rows = report["stragglers"]
+    lines = []
+    if not rows:
+        lines.append(f"rank 0: stragglers: no rank answered{knob}")
+    elif rows[0]["ops"] < status.MIN_OPS_TO_SCORE:
+        lines.append(f"rank 0: stragglers: too few collectives to score yet ({rows[0]['ops']}){knob}")
+    else:
+        lines.append(f"rank 0: stragglers of the default group over its last {rows[0]['ops']} collectives{knob}:")
+        lines.extend(str(Stragglers(Row(**row) for row in rows)).splitlines())
+    for entry in report["ranks"]:
+        if entry["outcome"] != "answered":
+            lines.append(f"rank 0: rank {entry['rank']} {entry['outcome']}: {entry['detail']}")
+    stalled = report["stalled"]
+    if stalled and stalled["not_arrived"]:
+        lines.append(f"rank 0: {stalled['op']} #{stalled['seq']} waited in for {stalled['waiting_s']:.2f} s; "
+                     f"not arrived: rank {', '.join(str(r) for r in stalled['not_arrived'])}")
+    return "\n".join(lines)
+
+
+def start_report_if_asked(global_rank):
+    """Called for each ddplite group this process creates: on global rank 0 with
+    ``DDPLITE_STRAGGLER_REPORT`` > 0, starts the report (once; a later job's interval replaces
+    the first's). The knob's value was checked on every rank when the group was created. Never
+    raises: a report that cannot start is a warning, the group is made all the same."""
+    import warnings
+
+    from torch_ddp_lite import _load_extension
+
+    try:
+        every_s = _load_extension().straggler_report_seconds()
+        if every_s <= 0 or global_rank != 0:
+            return
+        if os.environ.get("DDPLITE_STATUS", "1") == "0":
+            warnings.warn("DDPLITE_STRAGGLER_REPORT is set but DDPLITE_STATUS=0: the report asks the ranks' status "
+                          "listeners, which are off; no report will be logged", stacklevel=2)
+            return
+        _Report.follow(every_s)
+    except Exception as error:  # no thread to be had
+        warnings.warn(f"DDPLITE_STRAGGLER_REPORT: the report could not start: {error}", stacklevel=2)

@@ -43,6 +43,7 @@ constexpr const char* kAuthKeyFile = "DDPLITE_AUTH_KEY_FILE";
 constexpr const char* kTraceBufferSize = "DDPLITE_TRACE_BUFFER_SIZE";
 constexpr const char* kStragglerWindow = "DDPLITE_STRAGGLER_WINDOW";
 constexpr const char* kStatus = "DDPLITE_STATUS";
+constexpr const char* kStragglerReport = "DDPLITE_STRAGGLER_REPORT";
 constexpr const char* kTorchTraceBufferSize = "TORCH_FR_BUFFER_SIZE";
 constexpr const char* kTraceDir = "DDPLITE_TRACE_DIR";
 constexpr const char* kTorchTraceFile = "TORCH_FR_DUMP_TEMP_FILE";
@@ -66,6 +67,7 @@ constexpr int64_t kDefaultTraceBufferSize = 2000;
 constexpr int64_t kMaximumTraceBufferSize = 1000000;
 constexpr int64_t kDefaultStragglerWindow = 512;
 constexpr int64_t kMaximumStragglerWindow = 65536;
+constexpr int64_t kMaximumStragglerReportSeconds = 7 * 24 * 3600;
 constexpr const char* kDefaultTracePrefix = "/tmp/ddplite_traces/ddplite_trace_rank_";
 // DETAIL logs as INFO and turns on the cross-rank argument check (detailChecks()).
 const std::initializer_list<const char*> kLogLevels = {"WARN", "INFO", "TRACE", "DETAIL"};
@@ -219,6 +221,10 @@ const std::vector<Knob>& allKnobs() {
       {kStragglerWindow, std::to_string(kDefaultStragglerWindow),
        "Straggler scores (torch_ddp_lite.stragglers): the last collectives whose arrival and completion each "
        "rank remembers, per process group (0 turns it off: stragglers() then has nothing to score)"},
+      {kStragglerReport, "0",
+       "Seconds: global rank 0 logs the default group's straggler table (and ranks not answering) to stderr "
+       "this often, asking every rank as `python -m torch_ddp_lite.status` does (one more Python thread, on rank "
+       "0 only, whose work shares rank 0's GIL; needs DDPLITE_STATUS=1). 0: never"},
       {kStatus, *kSwitch.begin(),
        "1: each process answers `python -m torch_ddp_lite.status` on a port of its own (one listener and no "
        "extra thread beyond one per process; queries authenticated as the TCP connections are, read-only; "
@@ -270,6 +276,7 @@ void validateAll() {
   readChoice(kCudaStaging, kStagings);
   traceBufferSize();
   stragglerWindow();
+  stragglerReportSeconds();
   readChoice(kStatus, kSwitch);
   readChoice(kTraceStacks, kOffSwitch);
   readChoice(kTraceSignal, kOffSwitch);
@@ -415,6 +422,10 @@ bool fingerprintChecks() {
 
 bool syncOpsOnCaller() {
   return readChoice(kSyncOnCaller, kSwitch) == 0;
+}
+
+int64_t stragglerReportSeconds() {
+  return readBytes(kStragglerReport, 0, 0, kMaximumStragglerReportSeconds, "seconds");
 }
 
 bool statusServer() {

@@ -120,6 +120,10 @@ int64_t traceBufferSize();
 // DDPLITE_STRAGGLER_WINDOW: collectives a group remembers for straggler scores
 // (backend/wait_ledger.hpp), 0 for none. Read each time (a group reads it when it is created).
 int64_t stragglerWindow();
+// DDPLITE_STRAGGLER_REPORT: how often (seconds; 0: never) global rank 0 logs the straggler
+// table (torch_ddp_lite/stragglers.py runs the report). Read each time; throws
+// std::invalid_argument naming the knob for a bad value.
+int64_t stragglerReportSeconds();
 // DDPLITE_STATUS: whether this process answers the live status query (health/status_server.hpp).
 // Read each time; throws std::invalid_argument naming the knob for a bad value.
 bool statusServer();
