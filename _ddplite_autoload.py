@@ -14,6 +14,14 @@ import warnings
 BACKEND_NAME = "ddplite"
 
 
+def _world_size(group_size):
+    """The default group's size (the world the live status tool asks), or ``group_size`` while the
+    default group is the one being created (torchft's groups note their own: torchft.py)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_initialized() else group_size
+
+
 def _create_backend(dist_backend_opts, backend_options=None):
     """torch's extended backend API: the options carry the group's name and global ranks, which
     the flight recorder's dumps need (torch's analyzer matches ranks across groups by them);
@@ -27,7 +35,9 @@ def _create_backend(dist_backend_opts, backend_options=None):
     # pg_options (torch passes them here): what applies is honoured, the rest refused (options.py).
     timeout = effective_timeout(opts.timeout, backend_options, opts.group_rank, opts.group_size)
     global_ranks = list(opts.global_ranks_in_group or [])
-    backend = _load_extension().create_backend(
+    extension = _load_extension()
+    extension.note_world_size(_world_size(opts.group_size))
+    backend = extension.create_backend(
         opts.store,
         opts.group_rank,
         opts.group_size,

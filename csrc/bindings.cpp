@@ -8,6 +8,7 @@
 #include "cpu/algorithms/selector.hpp"
 #include "cpu/reduce/reduce_kernels.hpp"
 #include "cpu/transport/net_iface.hpp"
+#include "health/status_server.hpp"
 #include "rendezvous/mpi.hpp"
 
 #if DDPLITE_WITH_NCCL
@@ -116,6 +117,8 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>(),
         "Creates the ddplite Backend for one process group; connects every pair of ranks. global_ranks and "
         "group_name (torch's) name the group in flight-recorder dumps.");
+  m.def("note_world_size", &ddplite::health::noteWorldSize, py::arg("world_size"),
+        "The world's size, noted before each group is created: the number of ranks the live status tool asks.");
   m.def(
       "flight_recorder_pickle",
       [] {

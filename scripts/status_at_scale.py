@@ -4,7 +4,8 @@ host (tests/status_job.py: all_reduce every 10 ms), with one rank stopped (SIGST
     python scripts/status_at_scale.py --ranks 64 [--stop-rank 5] [--slow-rank 2] [--asks 5]
 
 Prints, per ask, the query's own time (`took_s`: every rank asked at once) and the tool's wall
-time from its start (Python and torch's import included), then the last report's text.
+time from its start (Python's start included; the tool does not import torch), then the last
+report's text.
 """
 
 import argparse

@@ -146,6 +146,7 @@ def run_health(rank, size):
         from torch_ddp_lite import status
 
         port = int(os.environ["MASTER_PORT"])  # where the mpi:// store listens when it is set
+        time.sleep(1.0)  # the others wait in the barrier longer than --stall-after before the tool asks
         asked = subprocess.run([sys.executable, "-m", "torch_ddp_lite.status", f"127.0.0.1:{port}", "--json",
                                 "--stall-after", "0.5"], capture_output=True, text=True, timeout=120)
         result["status"] = {"code": asked.returncode, "stderr": asked.stderr,

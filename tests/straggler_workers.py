@@ -53,26 +53,13 @@ def gloo_group_refused(rank, world_size):
     return "returned"
 
 
-class _Captured:
-    """sys.stderr's stand-in: keeps what Python code writes (the report thread prints there)."""
-
-    def __init__(self):
-        self.parts = []
-
-    def write(self, text):
-        self.parts.append(text)
-        return len(text)
-
-    def flush(self):
-        pass
-
-
 def ddp_under_the_report(rank, world_size, slow, steps, step_s, slowdown):
     """DDPLITE_STRAGGLER_REPORT set: the DDP job of ddp_with_a_slow_rank, no stragglers() call;
     returns what the report thread wrote to stderr on this rank (global rank 0 reports)."""
+    import io
     import sys
 
-    captured = _Captured()
+    captured = io.StringIO()  # the report thread prints to sys.stderr
     sys.stderr = captured
     try:
         _train(rank, slow, steps, step_s, slowdown)
@@ -81,7 +68,7 @@ def ddp_under_the_report(rank, world_size, slow, steps, step_s, slowdown):
     finally:
         sys.stderr = sys.__stderr__  # before the barrier: no rank has left while it was captured
     dist.barrier()
-    return "".join(captured.parts)
+    return captured.getvalue()
 
 
 def _train(rank, slow, steps, step_s, slowdown, after_step=lambda step: None):

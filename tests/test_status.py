@@ -81,12 +81,21 @@ class Job:
                 process.wait()
 
 
-def run_status(store, *args):
+def run_status(store, *args, env=None):
     """The tool as a user runs it: (exit code, stdout, stderr, seconds)."""
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "torch_ddp_lite.status", store, *args], capture_output=True,
-                          text=True, timeout=60, cwd=REPO)
+                          text=True, timeout=60, cwd=REPO, env=env)
     return done.returncode, done.stdout, done.stderr, time.monotonic() - started
+
+
+def without_torch(tmp_path):
+    """An environment in which `import torch` raises: the tool must not need it (it would spend
+    about 2.5 s of its 2 s importing it)."""
+    fake = tmp_path / "no-torch" / "torch"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "__init__.py").write_text("raise ImportError('the status tool imported torch')\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), REPO])}
 
 
 @pytest.fixture
@@ -101,7 +110,7 @@ def jobs():
 def test_every_rank_answers_with_what_it_does(jobs, tmp_path, transport):
     job = jobs(tmp_path, 4, slow_rank=2, DDPLITE_CPU_TRANSPORT=transport)
     time.sleep(1.5)  # about 100 steps: the straggler table has something to score
-    code, out, err, _ = run_status(job.store, "--json")
+    code, out, err, _ = run_status(job.store, "--json", env=without_torch(tmp_path))
     assert code == 0, err
     report = json.loads(out)
     assert report["size"] == 4 and report["took_s"] < 2.0
@@ -135,6 +144,9 @@ def test_a_stopped_rank_in_16_is_named_with_the_op_the_others_wait_in(jobs, tmp_
         assert code == 0, err
         report = json.loads(out)
         assert report["took_s"] < 2.0, report["took_s"]
+        # The command from its start: 1.6 s here (scripts/status_at_scale.py, docs/observability.md);
+        # the margin is for a loaded machine: a tool that imported torch again would take 4 s or more
+        assert seconds < 3.0, seconds
         stopped = report["ranks"][victim]
         assert stopped["outcome"] == "not answering" and "stopped (SIGSTOP)" in stopped["detail"], stopped
         stalled = report["stalled"]
@@ -149,6 +161,37 @@ def test_a_stopped_rank_in_16_is_named_with_the_op_the_others_wait_in(jobs, tmp_
     finally:
         os.kill(job.pids[victim], signal.SIGCONT)
     assert all(output.strip().endswith("DONE ok") for output in job.stop()), "the job goes on after SIGCONT"
+
+
+def test_processes_whose_first_groups_are_disjoint_are_all_asked(jobs, tmp_path):
+    # gloo's default group of 4, then ddplite groups {0, 1} and {2, 3}: each process's first ddplite
+    # group is its half, and every process publishes the world's size, 4 (rank 0 alone wrote its
+    # group's size, 2, and ranks 2 and 3 went unasked)
+    job = jobs(tmp_path, 4, JOB_HALVES="1")
+    code, out, err, _ = run_status(job.store, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["size"] == 4, report
+    names = set()
+    for rank, entry in enumerate(report["ranks"]):
+        assert entry["outcome"] == "answered" and entry["pid"] == job.pids[rank], entry
+        (group,) = entry["state"]["groups"]
+        assert group["rank"] == rank % 2 and group["size"] == 2, (rank, group)
+        names.add((rank // 2, group["name"]))
+    assert len(names) == 2 and len({name for _, name in names}) == 2, names  # a group for each half
+    os.kill(job.pids[3], signal.SIGSTOP)  # rank 2 waits for it in its group; rank 0's group runs on
+    try:
+        time.sleep(1.2)
+        code, out, err, _ = run_status(job.store, "--json", env=without_torch(tmp_path))
+        assert code == 0, err
+        stalled = json.loads(out)["stalled"]
+        assert stalled["op"] == "allreduce" and stalled["arrived"] == [2] and stalled["not_arrived"] == [3], stalled
+        assert stalled["ranks"] == 2, stalled
+        code, text, err, _ = run_status(job.store, env=without_torch(tmp_path))
+        assert code == 0 and f"allreduce #{stalled['seq']}: 1 of 2 ranks arrived" in text, (text, err)
+    finally:
+        os.kill(job.pids[3], signal.SIGCONT)
+    assert all(output.strip().endswith("DONE ok") for output in job.stop())
 
 
 def test_a_killed_rank_is_named_dead(jobs, tmp_path):
@@ -297,6 +340,34 @@ def test_a_file_store_is_read_without_joining_it(tmp_path):
     assert path.stat().st_size == size_before  # nothing appended: no refcount of its own
     del writer
     assert not path.exists()
+
+
+@pytest.mark.parametrize("libuv", [True, False], ids=["libuv-server", "classic-server"])
+def test_the_tool_reads_torchs_tcp_store_without_torch(libuv):
+    import torch.distributed as dist
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=libuv, wait_for_workers=False)
+    every_byte, large = bytes(range(256)), os.urandom(3 << 20)
+    master.set("ddplite/status/size", "16")
+    master.set("binary", every_byte)
+    master.set("large", large)
+    master.set("empty", b"")
+    dist.PrefixStore("default_pg", master).set("prefixed", "x")
+    # torch's SET has no reply, and the reader has a connection of its own: a request answered on
+    # the writer's connection is what says its sets before it have been applied
+    assert master.check(["default_pg/prefixed"])
+    reader = status.open_store(f"127.0.0.1:{master.port}")
+    assert isinstance(reader, status.TcpStoreReader)
+    try:
+        assert reader.check(["ddplite/status/size"]) and reader.get("ddplite/status/size") == b"16"
+        assert reader.check(["binary", "large", "empty"]) and not reader.check(["binary", "absent"])
+        assert not reader.check(["prefixed"]) and reader.check(["default_pg/prefixed"])
+        assert reader.get("binary") == every_byte and reader.get("large") == large and reader.get("empty") == b""
+        master.set("ddplite/status/size", "17")  # a value set again reads as the new one
+        assert master.get("ddplite/status/size") == b"17"
+        assert reader.get("ddplite/status/size") == b"17"
+    finally:
+        reader.close()
 
 
 def test_no_job_in_the_store_and_status_off(jobs, tmp_path):

@@ -177,3 +177,21 @@ def test_torchft_own_tests_pass_on_ddplite_as_on_gloo(tmp_path):
     assert set().union(*gloo_made.values()) == {"torchft-gloo"}, gloo_made
     assert set().union(*ours_made.values()) == {"torchft-ddplite"}, ours_made
     assert set(ours_made) == set(gloo_made) and len(gloo_made) >= 10, (sorted(gloo_made), sorted(ours_made))
+
+
+@pytest.mark.parametrize("replicas,per_replica", [(1, 1), (2, 2), (3, 4)])
+def test_every_process_of_a_quorum_notes_the_same_number_of_ranks_for_the_status_tool(replicas, per_replica):
+    # torchft's global rank is replica * group_world_size + group rank, and each group holds one
+    # group rank of every replica: all processes must publish the same count (every replica's ranks),
+    # whichever group they are in, or the status tool would ask some and not others
+    from torch_ddp_lite.torchft import ProcessGroupDdplite
+
+    noted = set()
+    for group_rank in range(per_replica):
+        group = ProcessGroupDdplite()
+        group._global_ranks = [replica * per_replica + group_rank for replica in range(replicas)]
+        group._group_world_size = per_replica
+        noted.add(group._ranks_in_the_job(replicas))
+    assert noted == {replicas * per_replica}
+    group._global_ranks = None  # configured without global ranks: the group's own size
+    assert group._ranks_in_the_job(replicas) == replicas

@@ -9,12 +9,24 @@ already done so) and checks that the C++ extension matches the running torch::
 
 import atexit
 import importlib
+import sys
 
-import torch
-import torch.distributed  # noqa: F401 - registers c10d types the extension needs
 
-import _ddplite_autoload
-from torch_ddp_lite import _torch_fixes, torch_versions
+def _run_as_the_status_tool():
+    """True while ``python -m torch_ddp_lite.status`` imports this package on its way to the tool:
+    the tool reads a store and asks sockets, and importing torch (about 2.5 s) would spend most of
+    the 2 s it has. (runpy imports the package with sys.argv[0] == "-m"; orig_argv names the module.)"""
+    argv = getattr(sys, "orig_argv", [])
+    return sys.argv[:1] == ["-m"] and "-m" in argv and argv[argv.index("-m") + 1:][:1] == ["torch_ddp_lite.status"]
+
+
+_STATUS_TOOL_ONLY = _run_as_the_status_tool()
+if not _STATUS_TOOL_ONLY:
+    import torch
+    import torch.distributed  # noqa: F401 - registers c10d types the extension needs
+
+import _ddplite_autoload  # noqa: E402 - imports nothing heavy
+from torch_ddp_lite import torch_versions  # noqa: E402 - imports nothing
 
 __version__ = "0.1.0"
 BACKEND_NAME = _ddplite_autoload.BACKEND_NAME
@@ -234,16 +246,19 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     return group.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
-register_backend()
-_torch_fixes.register_shrunk_groups_as_custom()
-_torch_fixes.refuse_split_before_2_9(require_torch)
-_load_extension()
+if not _STATUS_TOOL_ONLY:
+    from torch_ddp_lite import _torch_fixes
 
-#: ``pg_options`` for ddplite groups: ``Options(timeout=timedelta(seconds=60))``; copyable, as
-#: dist.split_group needs. What ddplite honours and refuses: torch_ddp_lite/options.py.
-Options = _extension.DdpliteOptions
+    register_backend()
+    _torch_fixes.register_shrunk_groups_as_custom()
+    _torch_fixes.refuse_split_before_2_9(require_torch)
+    _load_extension()
 
-from torch_ddp_lite.stragglers import stragglers  # noqa: E402 - needs the extension loaded
+    #: ``pg_options`` for ddplite groups: ``Options(timeout=timedelta(seconds=60))``; copyable, as
+    #: dist.split_group needs. What ddplite honours and refuses: torch_ddp_lite/options.py.
+    Options = _extension.DdpliteOptions
+
+    from torch_ddp_lite.stragglers import stragglers  # noqa: F401 - needs the extension loaded
 
 __all__ = [
     "BACKEND_NAME",

@@ -51,8 +51,6 @@ class StatusError(RuntimeError):
 
 def open_store(where, timeout_s=5.0):
     """The job's store, as a client (never the master): ``host:port`` or a file path."""
-    import torch.distributed as dist
-
     if where.startswith("file://"):
         where = where[len("file://"):]
     if os.path.sep in where and ":" not in where.rsplit(os.path.sep, 1)[-1] or os.path.exists(where):
@@ -62,15 +60,95 @@ def open_store(where, timeout_s=5.0):
     host, _, port = where.rpartition(":")
     if not host or not port.isdigit():
         raise StatusError(f"STORE must be HOST:PORT or a file path, got {where!r}")
-    try:  # first a plain connect: torch's client logs a C++ stack trace for every failed try
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    host = host.strip("[]")
+    try:  # a plain connect first: torch's client logs a C++ stack trace for every failed try
+        reader = TcpStoreReader(host, int(port), timeout_s)
     except OSError as error:
         raise StatusError(f"cannot reach the store at {where}: {error}") from None
     try:
-        return dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timedelta(seconds=timeout_s),
+        reader.check(["ddplite/status/size"])
+        return reader
+    except _StoreRefused:  # closed on the first request, or an odd reply: a torch this reader does not know
+        return _torch_store_client(host, int(port), where, timeout_s)
+
+
+def _torch_store_client(host, port, where, timeout_s):
+    import torch.distributed as dist  # about 2.5 s: only for a store the raw reader cannot read
+
+    try:
+        return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
                              wait_for_workers=False)
     except Exception as error:  # noqa: BLE001 - torch raises several kinds; all mean "not reachable"
-        raise StatusError(f"cannot reach the store at {where}: {error}") from None
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]  # not the C++ frames
+        raise StatusError(f"cannot reach the store at {where}: {first_line}") from None
+
+
+class _StoreRefused(StatusError):
+    """The store closed the connection or answered what torch's servers do not."""
+
+
+class TcpStoreReader:
+    """A TCPStore read without torch (importing torch takes longer than the 2 s the tool has): the
+    two requests the tool needs, as torch's client sends them (torch 2.8 to 2.15, both of its
+    server backends, checked by tests/test_status.py). After a VALIDATE (byte 0, then the uint32
+    0x3C85F7CE; no reply), CHECK is byte 5, a uint64 count, then each key as a uint64 length and
+    its bytes, answered by one byte (0: every key is set); GET is byte 3 and the key, answered by
+    a uint64 length and the value. Integers are the host's order (little-endian here), as torch
+    sends them; keys carry torch's "/" prefix. One connection, one request at a time; a request
+    that fails closes it and raises StatusError."""
+
+    VALIDATE, GET, CHECK = 0, 3, 5
+    MAGIC = 0x3C85F7CE
+
+    def __init__(self, host, port, timeout_s):
+        self.where, self.timeout_s = f"{host}:{port}", timeout_s
+        self._sock = socket.create_connection((host, port), timeout=timeout_s)
+        try:
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock.sendall(struct.pack("<BI", self.VALIDATE, self.MAGIC))
+        except OSError:
+            self._sock.close()
+            raise
+
+    @staticmethod
+    def _key(key):
+        data = ("/" + key).encode()
+        return struct.pack("<Q", len(data)) + data
+
+    def _exactly(self, size):
+        data = b""
+        while len(data) < size:
+            chunk = self._sock.recv(size - len(data))
+            if not chunk:
+                raise ConnectionResetError("the store closed the connection")
+            data += chunk
+        return data
+
+    def _ask(self, request, read_reply):
+        try:
+            self._sock.sendall(request)
+            return read_reply()
+        except socket.timeout:
+            self.close()
+            raise StatusError(f"the store at {self.where} did not answer within {self.timeout_s:g} s") from None
+        except OSError as error:
+            self.close()
+            raise _StoreRefused(f"the store at {self.where} closed the connection ({error})") from None
+
+    def check(self, keys):
+        reply = self._ask(struct.pack("<BQ", self.CHECK, len(keys)) + b"".join(map(self._key, keys)),
+                          lambda: self._exactly(1)[0])
+        if reply not in (0, 1):
+            self.close()
+            raise _StoreRefused(f"the store at {self.where} answered a CHECK with {reply}, not 0 or 1")
+        return reply == 0
+
+    def get(self, key):
+        return self._ask(struct.pack("<B", self.GET) + self._key(key),
+                         lambda: self._exactly(struct.unpack("<Q", self._exactly(8))[0]))
+
+    def close(self):
+        self._sock.close()
 
 
 class FileStoreReader:
@@ -222,6 +300,8 @@ def _local_process_state(pid):
 
 def root_store(store):
     """The store under every PrefixStore: the status keys are at the root of the job's store."""
+    if isinstance(store, (TcpStoreReader, FileStoreReader)):
+        return store  # the tool's own readers (torch is not imported for them)
     import torch.distributed as dist
 
     while isinstance(store, dist.PrefixStore):
@@ -280,28 +360,48 @@ def _main_group(state):
     return groups[0] if groups else None
 
 
+def _stall(groups, members, stall_after_s):
+    """The op the answering ranks of one group (``groups``: rank -> its entry) have waited in for at
+    least ``stall_after_s``, who of ``members`` arrived and who not; None when there is none."""
+    running = {rank: group["running"] for rank, group in groups.items() if group["running"]}
+    if not running or max(op["seconds"] for op in running.values()) < stall_after_s:
+        return None
+    seq = max(op["seq"] for op in running.values())
+    waiting = sorted(rank for rank, op in running.items() if op["seq"] == seq)
+    arrived = sorted(rank for rank, group in groups.items()
+                     if (group["running"] and group["running"]["seq"] >= seq)
+                     or (group["last"] and group["last"]["seq"] >= seq))
+    return {"op": running[waiting[0]]["op"], "seq": seq, "waiting_s": max(running[r]["seconds"] for r in waiting),
+            "arrived": arrived, "not_arrived": [rank for rank in members if rank not in arrived],
+            "ranks": len(members)}
+
+
 def analyse(report, stall_after_s=DEFAULT_STALL_AFTER_S):
     """Adds "stalled" (the op answering ranks have waited in for at least ``stall_after_s``, who
     arrived, who not; None when there is none: in a job that runs, ranks asked a few milliseconds
     apart are in different ops) and "stragglers" (the table over the default group's answering
-    ranks) to a collect() report."""
+    ranks) to a collect() report. When the processes' first groups differ (ddplite subgroups of
+    disjoint ranks under another backend's default group), each group is looked at for a stall
+    (the first found is reported) and the table is the lowest answering rank's group's."""
     from torch_ddp_lite.stragglers import score_ledgers
 
-    groups = {entry["rank"]: _main_group(entry["state"]) for entry in report["ranks"]
-              if entry["outcome"] == "answered" and _main_group(entry["state"]) is not None}
-    running = {rank: group["running"] for rank, group in groups.items() if group["running"]}
-    stalled = None
-    if running and max(op["seconds"] for op in running.values()) >= stall_after_s:
-        seq = max(op["seq"] for op in running.values())
-        waiting = sorted(rank for rank, op in running.items() if op["seq"] == seq)
-        op = running[waiting[0]]
-        arrived = sorted(rank for rank, group in groups.items()
-                         if (group["running"] and group["running"]["seq"] >= seq)
-                         or (group["last"] and group["last"]["seq"] >= seq))
-        stalled = {"op": op["op"], "seq": seq, "waiting_s": max(running[r]["seconds"] for r in waiting),
-                   "arrived": arrived,
-                   "not_arrived": [entry["rank"] for entry in report["ranks"] if entry["rank"] not in arrived]}
-    report["stalled"] = stalled
+    by_group = {}  # group name -> {rank: its entry}, every group of every answering process,
+    main = None    # in the order of their lowest answering rank; main: that rank's main group's name
+    for entry in sorted(report["ranks"], key=lambda entry: entry["rank"]):
+        if entry["outcome"] != "answered" or _main_group(entry["state"]) is None:
+            continue
+        main = main or _main_group(entry["state"])["name"]
+        for group in entry["state"]["groups"]:
+            by_group.setdefault(group["name"], {})[entry["rank"]] = group
+    everyone = [entry["rank"] for entry in report["ranks"]]
+    report["stalled"] = None
+    for groups in by_group.values():
+        members = next(iter(groups.values())).get("global_ranks") or everyone
+        report["stalled"] = _stall(groups, members, stall_after_s)
+        if report["stalled"] is not None:
+            break
+    groups = by_group.get(main, {})
+    report["stragglers_group"] = main
     ordered = sorted(groups)
     table = score_ledgers([[tuple(e) for e in groups[r]["ledger"]] for r in ordered],
                           [next(x["host"] for x in report["ranks"] if x["rank"] == r) for r in ordered])
@@ -345,7 +445,7 @@ def render(report):
     stalled = report.get("stalled")
     if stalled and stalled["not_arrived"]:
         missing = ", ".join(str(r) for r in stalled["not_arrived"])
-        lines.append(f"{stalled['op']} #{stalled['seq']}: {len(stalled['arrived'])} of {report['size']} ranks arrived "
+        lines.append(f"{stalled['op']} #{stalled['seq']}: {len(stalled['arrived'])} of {stalled.get('ranks', report['size'])} ranks arrived "
                      f"(waiting up to {stalled['waiting_s']:.2f} s); not arrived: rank {missing}")
     if report.get("stragglers") and report["stragglers"][0]["ops"] < MIN_OPS_TO_SCORE:
         lines.append("")
@@ -355,7 +455,8 @@ def render(report):
         from torch_ddp_lite.stragglers import Row, Stragglers
 
         lines.append("")
-        lines.append("stragglers (default group, answering ranks):")
+        name = report.get("stragglers_group")
+        lines.append(f"stragglers ({'default group' if name in (None, '0') else 'group ' + name}, answering ranks):")
         lines.append(str(Stragglers(Row(**row) for row in report["stragglers"])))
     return "\n".join(lines)
 

@@ -35,8 +35,6 @@ import sys
 import threading
 import time
 
-import torch
-
 # Added to every rank's time outside: without it, a rank that is never outside (collectives back
 # to back) would give every other rank a score of 0, and microseconds of noise would rank ranks.
 FLOOR_NS_PER_GAP = 10_000
@@ -117,6 +115,7 @@ def score_ledgers(ledgers, hosts, window=None):
 
 def _all_gather_bytes(payload, group):
     """Every group rank's ``payload`` (bytes), through the group's CPU backend."""
+    import torch
     import torch.distributed as dist
 
     size = dist.get_world_size(group)
@@ -211,7 +210,9 @@ def report_text(store, every_s=None):
     elif rows[0]["ops"] < status.MIN_OPS_TO_SCORE:
         lines.append(f"rank 0: stragglers: too few collectives to score yet ({rows[0]['ops']}){knob}")
     else:
-        lines.append(f"rank 0: stragglers of the default group over its last {rows[0]['ops']} collectives{knob}:")
+        name = report.get("stragglers_group")
+        which = "the default group" if name in (None, "0") else f"group {name}"
+        lines.append(f"rank 0: stragglers of {which} over its last {rows[0]['ops']} collectives{knob}:")
         lines.extend(str(Stragglers(Row(**row) for row in rows)).splitlines())
     for entry in report["ranks"]:
         if entry["outcome"] != "answered":

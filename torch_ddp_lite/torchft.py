@@ -114,6 +114,15 @@ class ProcessGroupDdplite(ProcessGroupWrapper):
             return f"torchft_quorum_{self._quorum_id}_rank_{(self._group_rank or 0) % self._group_world_size}"
         return f"torchft_quorum_{self._quorum_id}"
 
+    def _ranks_in_the_job(self, world_size: int) -> int:
+        """How many global ranks the live status tool asks: every replica's ranks (global rank =
+        replica * group_world_size + group rank; this group holds one group rank of each replica),
+        the same number on every process of the quorum; the group's size without global ranks."""
+        ranks, per_replica = list(self._global_ranks or []), self._group_world_size
+        if not ranks or not per_replica:
+            return world_size
+        return (max(ranks) // per_replica + 1) * per_replica
+
     def _create_pg(self, store, rank: int, world_size: int) -> BaseProcessGroup:
         """Called by ``configure`` (the old group already aborted): a c10d ProcessGroup whose
         backend for every device is a new ddplite backend on ``store`` (torchft's prefixed store
@@ -121,8 +130,10 @@ class ProcessGroupDdplite(ProcessGroupWrapper):
         with self._error_lock:
             self._generation += 1
             self._errored = None
-        backend = _load_extension().create_backend(store, rank, world_size, self._timeout,
-                                                   list(self._global_ranks or []), self._quorum_group_name())
+        extension = _load_extension()
+        extension.note_world_size(self._ranks_in_the_job(world_size))
+        backend = extension.create_backend(store, rank, world_size, self._timeout,
+                                           list(self._global_ranks or []), self._quorum_group_name())
         group = BaseProcessGroup(store, rank, world_size)
         custom = BaseProcessGroup.BackendType.CUSTOM
         for device in _devices():

@@ -227,7 +227,8 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   installTraceSignalHandler();
   worker_ = std::make_unique<Worker>();
   status_ = health::registerGroup(
-      health::GroupSetup{store_, size, globalRank},
+      health::GroupSetup{store_, size, globalRank,
+                         *std::max_element(globalRanks_.begin(), globalRanks_.end()) + 1},
       [this] { return describeForStatus(); });
   DDPLITE_LOG(kInfo, "rank ", rank, "/", size, " ready (timeout ", timeoutMs_.load(), " ms, CPU collectives over ",
               cpuTransportName(), ", send/recv over ", p2pPathName(), ", bootstrap over ", bootstrap_->name(), ")");

@@ -121,4 +121,10 @@ ProcessState stateOf(const ProcessIdentity& peer) {
   return leaderExited && line.threads <= 1 ? ProcessState::kEnded : ProcessState::kRunning;
 }
 
+std::string hostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
+
 }  // namespace ddplite

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace ddplite {
 
@@ -33,5 +34,8 @@ enum class ProcessState {
 
 // What `peer` is now, as seen from this process. Any thread; no descriptor outlives the call.
 ProcessState stateOf(const ProcessIdentity& peer);
+
+// This host's name (gethostname), "" when it cannot be read. Any thread.
+std::string hostName();
 
 }  // namespace ddplite

@@ -1,6 +1,7 @@
 #include "cuda/nccl_comm.hpp"
 
 #include "common/logging.hpp"
+#include "common/process_identity.hpp"
 #include "cuda/nccl_errors.hpp"
 
 #include <c10/cuda/CUDAGuard.h>
@@ -49,11 +50,9 @@ bool multiRankGpuEnabled() {
 // What NCCL's host hash covers: NCCL_HOSTID when set, else the host name and the boot id.
 std::string hostIdentity() {
   if (const char* hostId = std::getenv("NCCL_HOSTID"); hostId != nullptr && hostId[0] != '\0') return hostId;
-  char name[256] = {0};
-  gethostname(name, sizeof(name) - 1);
   std::string bootId;
   std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), bootId);
-  return strCat(name, ":", bootId);
+  return strCat(hostName(), ":", bootId);
 }
 
 }  // namespace

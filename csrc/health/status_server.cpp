@@ -4,6 +4,7 @@
 #include "common/errors.hpp"
 #include "common/fork_guard.hpp"
 #include "common/logging.hpp"
+#include "common/process_identity.hpp"
 #include "common/thread_name.hpp"
 #include "cpu/transport/auth.hpp"
 #include "cpu/transport/net_iface.hpp"
@@ -55,10 +56,9 @@ std::string peerOf(const sockaddr_storage& address) {
   return net::describeEndpoint(reinterpret_cast<const sockaddr*>(&address));
 }
 
-std::string hostName() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "?";
-  return name;
+std::string hostNameOrMark() {
+  std::string name = hostName();
+  return name.empty() ? "?" : name;
 }
 
 class Server {
@@ -287,7 +287,7 @@ class Server {
         groups += callback();
       }
     }
-    return strCat("{\"host\":", jsonString(hostName()), ",\"pid\":", getpid(), ",\"address\":", jsonString(address_),
+    return strCat("{\"host\":", jsonString(hostNameOrMark()), ",\"pid\":", getpid(), ",\"address\":", jsonString(address_),
                   ",\"groups\":[", groups, "]}");
   }
 };
@@ -301,6 +301,7 @@ int registered = 0;      // groups registered now
 bool attempted = false;  // whether the groups registered now tried to start a server (the first of
                          // more than one rank does)
 uint64_t nextId = 0;
+std::atomic<int> notedWorldSize{0};  // relaxed: a value on its own, written before the group is created
 
 c10::intrusive_ptr<c10d::Store> rootOf(c10::intrusive_ptr<c10d::Store> store) {
   if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store.get())) return prefixed->getUnderlyingNonPrefixStore();
@@ -340,8 +341,9 @@ std::unique_ptr<Server> startServer(const GroupSetup& setup) {
   started->start();
   setText(*root, strCat("ddplite/status/auth/", setup.globalRank), authLine);
   setText(*root, strCat("ddplite/status/rank/", setup.globalRank),
-          strCat(started->address(), " ", getpid(), " ", hostName()));
-  if (setup.globalRank == 0) setText(*root, "ddplite/status/size", std::to_string(setup.size));
+          strCat(started->address(), " ", getpid(), " ", hostNameOrMark()));
+  const int noted = notedWorldSize.load(std::memory_order_relaxed);
+  setText(*root, "ddplite/status/size", std::to_string(noted > 0 ? noted : setup.globalRanksUpTo));
   DDPLITE_LOG(kInfo, "rank ", setup.globalRank, " answers status queries on ", started->address(), " (", why, ")");
   return started;
 }
@@ -356,6 +358,8 @@ void resetRegistryInChild() {
 }
 
 }  // namespace
+
+void noteWorldSize(int worldSize) { notedWorldSize.store(worldSize, std::memory_order_relaxed); }
 
 std::unique_ptr<Registration> registerGroup(const GroupSetup& setup, std::function<std::string()> describe) {
   std::unique_ptr<Registration> registration;

@@ -12,7 +12,10 @@
 // init_process_group was given: MASTER_ADDR:MASTER_PORT, the file:// path):
 //   "ddplite/status/rank/<global rank>" = "<host:port> <pid> <host name>"  (each process)
 //   "ddplite/status/auth/<global rank>" = how its queries are authenticated (each process)
-//   "ddplite/status/size"               = the first group's size           (global rank 0)
+//   "ddplite/status/size"               = how many global ranks to ask: the world's size (each
+//                                         process writes it, the same value in one job, noted by
+//                                         the package: _ddplite_autoload, torchft.py; a later,
+//                                         smaller job on the same store overwrites it)
 // Each process draws its own secret; no rank waits for another's. The auth value is "none"
 // (DDPLITE_AUTH=0: any query is answered), a 64-hex-digit secret (the default: whoever reads the
 // store may ask, the trust model of the TCP meshes), or "external <salt> <check>"
@@ -50,7 +53,14 @@ struct GroupSetup {
   c10::intrusive_ptr<c10d::Store> store;  // as torch gave it (prefixes are removed here)
   int size = 0;                            // of the group
   int globalRank = 0;                      // of this process
+  int globalRanksUpTo = 0;                 // the group's highest global rank, plus one
 };
+
+// The world's size as torch.distributed sees it (the default group's size; the group's own when
+// there is no default group), noted by the package before it creates each group
+// (_ddplite_autoload._create_backend); the published size. Without it, the first group's highest
+// global rank plus one. Any thread.
+void noteWorldSize(int worldSize);
 
 class Registration {
  public:

@@ -2,6 +2,7 @@
 
 #include "common/env.hpp"
 #include "common/errors.hpp"
+#include "common/process_identity.hpp"
 #include "rendezvous/host_layout.hpp"
 #include "cpu/transport/transport.hpp"
 #include "common/logging.hpp"
@@ -152,8 +153,7 @@ char* attachAndMap(const std::string& name, size_t bytes, std::string* why) {
 }  // namespace
 
 std::string ShmSegment::hostIdentity() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
+  const std::string host = hostName();
   char netns[64] = {};
   const ssize_t n = readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
   struct stat devShm = {};

@@ -2,6 +2,7 @@
 
 #include "common/env.hpp"
 #include "common/errors.hpp"
+#include "common/process_identity.hpp"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -135,14 +136,12 @@ bool isLocalAddress(const std::string& address, const std::vector<Interface>& in
 }
 
 std::string hostnameAddress(const std::vector<Interface>& interfaces, int family) {
-  char hostname[256] = {};
-  if (gethostname(hostname, sizeof(hostname) - 1) != 0) {
-    return "";
-  }
+  const std::string hostname = hostName();
+  if (hostname.empty()) return "";
   addrinfo hints = {};
   hints.ai_family = family;
   addrinfo* resolved = nullptr;
-  if (getaddrinfo(hostname, nullptr, &hints, &resolved) != 0) {
+  if (getaddrinfo(hostname.c_str(), nullptr, &hints, &resolved) != 0) {
     return "";
   }
   std::string found;
