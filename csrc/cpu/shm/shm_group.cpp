@@ -484,7 +484,10 @@ void ShmGroup::waitForTree(Flag which, uint32_t target, Deadline deadline) {
   for (unsigned i = 1;; ++i) {
     cpuRelax();
     if (reached(group.treeReached.load(std::memory_order_acquire), target)) return;
-    if (i % 64 == 0 && Clock::now() >= spinUntil) break;
+    if (i % 64 == 0) {
+      if (Clock::now() >= spinUntil) break;
+      sched_yield();  // more ranks on the machine than cores: let the rank waited for run
+    }
   }
   // Who is missing is looked up only on this slow path, after a first slice: a wait that ends
   // with the step's last arrival reads no peer's flag.
@@ -613,7 +616,10 @@ void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline 
   for (unsigned i = 1;; ++i) {
     cpuRelax();
     if (reached(word.load(std::memory_order_acquire), target)) return;
-    if (i % 64 == 0 && Clock::now() >= spinUntil) break;
+    if (i % 64 == 0) {
+      if (Clock::now() >= spinUntil) break;
+      sched_yield();  // more ranks on the machine than cores: let the rank waited for run
+    }
   }
   RankControl& theirs = control(peer);
   // The first look at the peer's socket and process (two system calls and a /proc read) comes
