@@ -124,6 +124,14 @@ TORCHFT_SUITE = {
                               "test_functional_collectives"],
     "manager_integ_test.py": ["ManagerIntegTest"],
 }
+# Left out on both groups: a race in the test itself. Its two replicas are threads of one process
+# that share torch's global RNG; each seeds it and builds its model under INIT_LOCK, but draws its
+# first batch (`torch.rand` in ddp_train_loop) outside the lock, before any collective. A replica
+# that draws while the other is between its seed and its model shifts the other's initial weights,
+# and with init_sync=False nothing brings them back together: the final weights then differ by the
+# size of an initial weight, whichever group carries the gradients (torchft 0.2.0: seen once in a
+# full CI run, "Tensor-likes are not close", |diff| 0.98 in layers.0.bias; 0 in 36 runs by hand).
+TORCHFT_RACY = ["test_ddp_skip_init_sync"]
 
 
 def _run_torchft_suite(group, tmp_path):
@@ -136,7 +144,8 @@ def _run_torchft_suite(group, tmp_path):
                PYTHONHASHSEED="0",  # torchft names its parametrized tests in a set's order
                PYTHONPATH=os.pathsep.join([tests_dir, *filter(None, [os.environ.get("PYTHONPATH")])]))
     files = [os.path.join(torchft_dir, name) for name in TORCHFT_SUITE]
-    select = " or ".join(name for names in TORCHFT_SUITE.values() for name in names)
+    select = "(" + " or ".join(name for names in TORCHFT_SUITE.values() for name in names) + ")"
+    select += "".join(f" and not {name}" for name in TORCHFT_RACY)
     started = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "torchft_suite_runner",
                           f"--junitxml={junit}", "-k", select, *files],
