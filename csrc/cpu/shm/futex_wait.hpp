@@ -1,6 +1,6 @@
-// Waiting on 32-bit words in memory shared between processes: the primitives of the segment's
-// step protocol (shm_group.cpp) and of the point-to-point channels (channels.cpp). Each caller
-// states the memory ordering of the words it waits on.
+// Waiting on words in memory shared between processes (futexes on 32-bit ones): the primitives
+// of the segment's step protocol (shm_group.cpp) and of the point-to-point channels
+// (channels.cpp). Each caller states the memory ordering of the words it waits on.
 #pragma once
 
 #include <linux/futex.h>
@@ -35,6 +35,25 @@ inline void cpuRelax() {
 #elif defined(__aarch64__)
   asm volatile("yield" ::: "memory");
 #endif
+}
+
+// Spins until `done()` (the caller's look at a shared word, in the ordering it states) returns
+// true, then returns true. Pauses between looks and reads the clock every 64 pauses: returns false
+// at the first read that finds `until` passed (so even an `until` already past gets 64 looks),
+// else yields the core at every YieldEvery-th pause: with more ranks on the machine than cores
+// (other hosts' or jobs' ranks are not counted by the callers' group-size test) the rank waited
+// for may need it.
+template <unsigned YieldEvery, typename Done>
+bool spinUntil(std::chrono::steady_clock::time_point until, Done&& done) {
+  static_assert(YieldEvery > 0 && YieldEvery % 64 == 0, "yields happen at the clock reads, every 64 pauses");
+  for (unsigned i = 1; !done(); ++i) {
+    cpuRelax();
+    if (i % 64 == 0) {
+      if (std::chrono::steady_clock::now() >= until) return false;
+      if (i % YieldEvery == 0) sched_yield();
+    }
+  }
+  return true;
 }
 
 // Blocks while *word == expected, at most `timeout` (spurious returns are fine: callers loop).

@@ -23,6 +23,11 @@ namespace ddplite::cpu {
 namespace {
 
 constexpr auto kSpin = std::chrono::microseconds(50);
+// A step's wait yields its core every 64 pauses while it spins (an 8-byte all_reduce at 4
+// namespace hosts x 2 ranks on 2 cores: docs/data/crosshost/shm_yield_ab.txt); peersStarted, a
+// look that decides a path rather than a wait for data, every 1024.
+constexpr unsigned kYieldEvery = 64;
+constexpr unsigned kStartedYieldEvery = 1024;
 
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
 constexpr auto kLivenessInterval = std::chrono::milliseconds(50);  // a poll() of the peer's socket and of its process
@@ -480,14 +485,9 @@ void ShmGroup::waitForTree(Flag which, uint32_t target, Deadline deadline) {
   // seq_cst on the first look: see checkAllPostedLater; acquire while spinning (pairs with the
   // root completer's store).
   if (reached(group.treeReached.load(std::memory_order_seq_cst), target)) return;
-  const auto spinUntil = Clock::now() + spin_;
-  for (unsigned i = 1;; ++i) {
-    cpuRelax();
-    if (reached(group.treeReached.load(std::memory_order_acquire), target)) return;
-    if (i % 64 == 0) {
-      if (Clock::now() >= spinUntil) break;
-      sched_yield();  // more ranks on the machine than cores: let the rank waited for run
-    }
+  if (spinUntil<kYieldEvery>(Clock::now() + spin_,
+                             [&] { return reached(group.treeReached.load(std::memory_order_acquire), target); })) {
+    return;
   }
   // Who is missing is looked up only on this slow path, after a first slice: a wait that ends
   // with the step's last arrival reads no peer's flag.
@@ -612,14 +612,9 @@ void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline 
   std::atomic<uint32_t>& word = flag(peer, which);
   // seq_cst: see checkAllPostedLater (free on x86, where every load is one).
   if (reached(word.load(std::memory_order_seq_cst), target)) return;
-  const auto spinUntil = Clock::now() + spin_;
-  for (unsigned i = 1;; ++i) {
-    cpuRelax();
-    if (reached(word.load(std::memory_order_acquire), target)) return;
-    if (i % 64 == 0) {
-      if (Clock::now() >= spinUntil) break;
-      sched_yield();  // more ranks on the machine than cores: let the rank waited for run
-    }
+  if (spinUntil<kYieldEvery>(Clock::now() + spin_,
+                             [&] { return reached(word.load(std::memory_order_acquire), target); })) {
+    return;
   }
   RankControl& theirs = control(peer);
   // The first look at the peer's socket and process (two system calls and a /proc read) comes
@@ -736,14 +731,7 @@ void ShmGroup::summariseStarted(uint64_t seq) {
 bool ShmGroup::peersStarted(uint64_t seq, std::chrono::microseconds within) const {
   const auto giveUp = Clock::now() + std::min(within, spin_);
   auto startedBy = [&](const std::atomic<uint64_t>& word) {
-    for (unsigned i = 1; word.load(std::memory_order_acquire) < seq; ++i) {
-      cpuRelax();
-      if (i % 64 == 0) {
-        if (Clock::now() >= giveUp) return false;
-        if (i % 1024 == 0) sched_yield();  // more ranks than cores: let the peer run
-      }
-    }
-    return true;
+    return spinUntil<kStartedYieldEvery>(giveUp, [&] { return word.load(std::memory_order_acquire) >= seq; });
   };
   if (tree_.levels() > 0) return startedBy(startedSummary(tree_.nodeCount() - 1));  // the root's
   for (int peer = 0; peer < size_; ++peer) {

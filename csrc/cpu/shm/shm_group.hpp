@@ -30,16 +30,15 @@
 // the count relaxed, then a release fence, the words relaxed, then the even count with release;
 // the reader loads the count with acquire, the words relaxed, an acquire fence, the count again).
 //
-// Waiting: spin with a pause instruction for kSpin (none when the group has more ranks than the
-// process has CPUs), yielding the core every 64 pauses (the rank waited for may need it: the
-// group-size test counts this group's ranks only, not other hosts' or jobs' ranks on the same
-// cores; an 8-byte all_reduce at 4 namespace hosts x 2 ranks on 2 cores,
-// docs/data/crosshost/shm_yield_ab.txt),
-// then futex-wait in slices of at most
-// 20 ms; between slices check the deadline, abort() and, every 50 ms, the peer's TCP
-// connection (a rank that died closed it), so a crash is reported within about 0.1 s and a rank
-// that never arrives at the op's timeout, as on the TCP path. A wait for one peer sleeps on that
-// peer's wake word; a wait for every peer (waitAllPosted, waitAllReduced, beginStep) sleeps on
+// Waiting: spin with a pause instruction for kSpin (only the first 64 pauses when the group has
+// more ranks than the process has CPUs), yielding the core every 64 pauses (spinUntil: the rank
+// waited for may need it, as the group-size test counts this group's ranks only, not other hosts'
+// or jobs' ranks on the same cores; an 8-byte all_reduce at 4 namespace hosts x 2 ranks on 2
+// cores, docs/data/crosshost/shm_yield_ab.txt), then futex-wait in slices of at most 20 ms;
+// between slices check the deadline, abort() and, every 50 ms, the peer's TCP connection (a rank
+// that died closed it), so a crash is reported within about 0.1 s and a rank that never arrives
+// at the op's timeout, as on the TCP path. A wait for one peer sleeps on that peer's wake word; a
+// wait for every peer (waitAllPosted, waitAllReduced, beginStep) sleeps on
 // the group's word for that flag, which only the last rank to arrive bumps: one wake-up per
 // waiter per step, however many ranks share the cores (GroupWake in shm_group.cpp).
 //
