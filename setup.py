@@ -22,6 +22,7 @@ import sysconfig
 
 import torch
 from setuptools import setup
+from torch.utils import cpp_extension
 from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -171,11 +172,72 @@ extension = CppExtension(
 BUILD_TEMP = os.path.join(ROOT, "build", f"temp.{sysconfig.get_platform()}-{sys.implementation.cache_tag}")
 
 
+# A precompiled header of torch's headers (csrc/common/precompiled.hpp), made with the very flags
+# of the build and force-included in every file: torch's headers are most of each file's compile
+# time. It is remade when those flags change (they name torch's version) and lives in BUILD_TEMP.
+PRECOMPILED_SOURCE = os.path.join(CSRC, "common", "precompiled.hpp")
+
+
+def precompiled_header(cflags, post_cflags, build_directory):
+    """Path of the header to force-include (its .gch beside it, made when stale), or None.
+
+    ``cflags`` and ``post_cflags`` are the shell-quoted flags torch writes into build.ninja; the
+    .gch is made with them around ``-x c++-header``, as the ninja rule puts them around ``-c``.
+    """
+    folder = os.path.join(build_directory, "precompiled")
+    header = os.path.join(folder, "precompiled.hpp")
+    with open(PRECOMPILED_SOURCE) as f:
+        text = f.read()
+    command = " ".join([shlex.quote(os.environ.get("CXX", "c++")), *cflags, "-x", "c++-header",
+                        shlex.quote(header), "-o", shlex.quote(header + ".gch"), *post_cflags])
+    stamp = os.path.join(folder, "stamp")
+    wanted = command + "\n" + text
+    try:
+        with open(stamp) as f:
+            if f.read() == wanted and os.path.isfile(header + ".gch"):
+                return header
+    except OSError:
+        pass
+    os.makedirs(folder, exist_ok=True)
+    for stale in (stamp, header + ".gch"):
+        if os.path.exists(stale):
+            os.remove(stale)
+    with open(header, "w") as f:
+        f.write(text)
+    print("ddplite: precompiling torch's headers (csrc/common/precompiled.hpp)", flush=True)
+    if subprocess.run(command, shell=True).returncode != 0:
+        print("ddplite: the precompiled header failed; building without it", flush=True)
+        return None
+    with open(stamp, "w") as f:
+        f.write(wanted)
+    return header
+
+
+def with_precompiled_header(write_and_compile):
+    """Wraps torch's private ninja step (cpp_extension._write_ninja_file_and_compile_objects,
+    called with keywords from 2.8 to 2.15); a torch that calls it otherwise builds without it."""
+    def wrapped(*args, **kwargs):
+        if {"cflags", "post_cflags", "build_directory"} <= kwargs.keys() and os.environ.get("DDPLITE_WITH_PCH", "1") != "0":
+            header = precompiled_header(kwargs["cflags"], kwargs["post_cflags"], kwargs["build_directory"])
+            if header:
+                kwargs["post_cflags"] = list(kwargs["post_cflags"]) + ["-include", shlex.quote(header)]
+        return write_and_compile(*args, **kwargs)
+    return wrapped
+
+
 class PersistentBuildExt(BuildExtension.with_options(use_ninja=True)):
     def finalize_options(self):
         super().finalize_options()
         # setuptools' editable_wheel sets its own temporary build_temp, ignoring setup(options=...)
         self.build_temp = BUILD_TEMP
+
+    def build_extensions(self):
+        original = cpp_extension._write_ninja_file_and_compile_objects
+        cpp_extension._write_ninja_file_and_compile_objects = with_precompiled_header(original)
+        try:
+            super().build_extensions()
+        finally:
+            cpp_extension._write_ninja_file_and_compile_objects = original
 
 
 setup(

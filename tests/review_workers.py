@@ -112,9 +112,10 @@ def refused_then_late_leader(rank, world_size, late_rank):
             "right": bool((total == world_size * (world_size + 1) / 2).all())}
 
 
-def job_with_key_file(rank, world_size, store_path, key_files):
+def job_with_key_file(rank, world_size, store_path, key_files, timeout_s=20):
     """Joins a ddplite group with DDPLITE_AUTH_KEY_FILE=key_files[rank] (None: unset) through
-    the file store at `store_path`, runs an all_reduce; returns the outcome and the store's bytes."""
+    the file store at `store_path` (the group's timeout: timeout_s), runs an all_reduce; returns
+    the outcome and the store's bytes."""
     from datetime import timedelta
 
     if key_files[rank] is None:
@@ -124,7 +125,7 @@ def job_with_key_file(rank, world_size, store_path, key_files):
     outcome = {}
     try:
         dist.init_process_group("ddplite", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=20))
+                                timeout=timedelta(seconds=timeout_s))
         total = torch.full((5,), float(rank + 1))
         dist.all_reduce(total)
         outcome["sum"] = total.tolist()

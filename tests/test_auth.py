@@ -246,7 +246,9 @@ def test_ranks_that_disagree_about_the_key_fail_at_once_and_say_so(case, tmp_pat
     other = _key_file(str(tmp_path), "other", os.urandom(32))
     keys = {"other key": [mine, other], "no key on rank 1": [mine, None], "no key on rank 0": [None, mine]}[case]
     started = time.monotonic()
-    results = run_ranks(review_workers.job_with_key_file, 2, str(tmp_path / "store"), keys, backend=None,
+    # Rank 0 learns of the disagreement only when its group's timeout (8 s here) ends its wait for
+    # rank 1; rank 1's error, the one checked, comes at once.
+    results = run_ranks(review_workers.job_with_key_file, 2, str(tmp_path / "store"), keys, 8, backend=None,
                         timeout_s=120)
     expected = {"other key": "holds another key than rank 0's",
                 "no key on rank 1": "rank 0 authenticates connections with a key from DDPLITE_AUTH_KEY_FILE; rank 1 has none",

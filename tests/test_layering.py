@@ -129,3 +129,60 @@ def test_the_rules_catch_an_include_that_goes_up(tmp_path, monkeypatch, folder, 
     monkeypatch.setattr(sys.modules[__name__], "CSRC", str(tmp_path))
     assert offending_includes(folder, lambda included: included.startswith(RULES[folder])) == [
         (os.path.join(*folder.split("/"), "part.cpp"), upward)]
+
+
+# The build force-includes torch's headers (csrc/common/precompiled.hpp, setup.py) into every file,
+# which would hide a file that uses torch's names without including torch: such a file breaks
+# wherever the precompiled header is not used (DDPLITE_WITH_PCH=0, a torch whose build step setup.py
+# cannot wrap). So every translation unit (a .cpp and the csrc/ headers it reaches) that names
+# at::, c10::, c10d:: or torch:: must reach a header of torch's (or pybind11's) itself.
+TORCH_NAME = re.compile(r"\b(at|c10|c10d|torch)::")
+TORCH_HEADER = re.compile(r"^#include <(torch|ATen|c10|pybind11)/", re.MULTILINE)
+
+
+def translation_unit(path):
+    """`path` and every csrc/ file it includes, directly or not."""
+    found, todo = set(), [os.path.normpath(path)]
+    while todo:
+        current = todo.pop()
+        if current in found:
+            continue
+        found.add(current)
+        for included in includes(current):
+            for candidate in (os.path.join(os.path.dirname(current), included), os.path.join(CSRC, included)):
+                if os.path.isfile(candidate):
+                    todo.append(os.path.normpath(candidate))
+                    break
+    return found
+
+
+def sources_using_torch_without_including_it():
+    found = []
+    for base, _, names in os.walk(CSRC):
+        for name in names:
+            if not name.endswith(".cpp"):
+                continue
+            uses = reaches = False
+            for member in translation_unit(os.path.join(base, name)):
+                with open(member) as source:
+                    text = source.read()
+                uses = uses or bool(TORCH_NAME.search(re.sub(r"//[^\n]*", "", text)))  # not in comments
+                reaches = reaches or bool(TORCH_HEADER.search(text))
+            if uses and not reaches:
+                found.append(os.path.relpath(os.path.join(base, name), CSRC))
+    return sorted(found)
+
+
+def test_every_source_that_uses_torch_includes_it_without_the_precompiled_header():
+    assert sources_using_torch_without_including_it() == []
+
+
+def test_the_torch_include_rule_catches_a_source_that_relies_on_the_precompiled_header(tmp_path, monkeypatch):
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "plain.hpp").write_text("#include <vector>\nat::Tensor g();\n")
+    (tmp_path / "common" / "tensor.hpp").write_text("#include <ATen/core/Tensor.h>\n")
+    (tmp_path / "uses.cpp").write_text('#include "common/plain.hpp"\n')  # a header it reaches names at::
+    (tmp_path / "through.cpp").write_text('#include "common/tensor.hpp"\n#include "common/plain.hpp"\n')
+    (tmp_path / "comment_only.cpp").write_text('#include <vector>\n// c10::intrusive_ptr\n')
+    monkeypatch.setattr(sys.modules[__name__], "CSRC", str(tmp_path))
+    assert sources_using_torch_without_including_it() == ["uses.cpp"]

@@ -96,11 +96,12 @@ def _segments():
 
 def test_rank_zero_unlinks_the_segment_when_a_peer_never_attaches():
     """Rank 1 gets the segment's name but never attaches (DDPLITE_TEST_HOOKS=shm_stall_attach=1);
-    the store's timeout is 300 s. Rank 0 gives up after its own 30 s, unlinks the name and goes
-    over TCP; so a kill -9 of everything leaves nothing in /dev/shm (before, the name stayed for
-    the store's timeout, and for ever after a kill -9 of rank 0)."""
+    the store's timeout is 300 s. Rank 0 gives up after its own window (30 s; 3 s here, through
+    the hook shm_attach_within=3), unlinks the name and goes over TCP; so a kill -9 of everything
+    leaves nothing in /dev/shm (before, the name stayed for the store's timeout, and for ever after
+    a kill -9 of rank 0)."""
     before = _segments()
-    env = dict(os.environ, DDPLITE_TEST_HOOKS="shm_stall_attach=1")
+    env = dict(os.environ, DDPLITE_TEST_HOOKS="shm_stall_attach=1,shm_attach_within=3")
     with tempfile.TemporaryDirectory(prefix="ddplite-test-") as folder:
         store = os.path.join(folder, "store")
         ranks = [subprocess.Popen([sys.executable, "-c", STALLED_ATTACH, store, str(rank)], env=env,
@@ -111,14 +112,14 @@ def test_rank_zero_unlinks_the_segment_when_a_peer_never_attaches():
                 time.sleep(0.05)
             made = _segments() - before
             assert made, "rank 0 never created the segment"
-            time.sleep(34)  # rank 0's 30 s, and some
+            time.sleep(7)  # rank 0's 3 s, and some
             left = _segments() & made
         finally:
             for process in ranks:
                 process.kill()
             outputs = [process.communicate()[0] for process in ranks]
     assert left == set(), outputs[0][-3000:]
-    assert "did not attach the segment within 30 s" in outputs[0], outputs[0][-3000:]
+    assert "did not attach the segment within 3 s" in outputs[0], outputs[0][-3000:]
     assert _segments() & made == set()
 
 

@@ -247,6 +247,7 @@ const std::vector<Knob>& allKnobs() {
        "steps start at n, to test their wrap at 2^32; same on every rank) and 'shm_fault=<rank>:<seq>' (that "
        "group rank throws std::bad_alloc right after it posts a step of collective #seq) and "
        "'shm_stall_attach=<rank>' (that group rank sleeps instead of attaching the segment) and "
+       "'shm_attach_within=<s>' (rank 0 waits s seconds, not 30, for the others to attach it) and "
        "'shm_exit_unarrived=<rank>:<seq>' (that group rank kills itself between storing its posted flag and "
        "arriving at the shared-memory arrival tree, in collective #seq) and 'shm_delay_arrival=<rank>:<seq>:<ms>' "
        "(it sleeps there instead) and 'shm_combine_delay=<ms>' (the rank that combines a small all_reduce on "
@@ -465,7 +466,7 @@ TestHooks testHooks() {
   const std::string allowed =
       "use 'shm_first_step=<n>', 'shm_fault=<rank>:<seq>', 'shm_exit_unarrived=<rank>:<seq>', "
       "'shm_delay_arrival=<rank>:<seq>:<ms>', 'shm_combine_delay=<ms>', 'tcp_hello_delay=<ms>', "
-      "'shm_numa_nodes=<m>' and/or 'shm_stall_attach=<rank>', comma-separated "
+      "'shm_numa_nodes=<m>', 'shm_attach_within=<s>' and/or 'shm_stall_attach=<rank>', comma-separated "
       "(unset: none)";
   std::string spec(value);
   size_t begin = 0;
@@ -483,6 +484,9 @@ TestHooks testHooks() {
     } else if (std::sscanf(item.c_str(), "shm_stall_attach=%llu%n", &a, &used) == 1 &&
                used == static_cast<int>(item.size())) {
       hooks.shmStallAttach = static_cast<int>(a);
+    } else if (std::sscanf(item.c_str(), "shm_attach_within=%llu%n", &a, &used) == 1 &&
+               used == static_cast<int>(item.size()) && a > 0 && a <= 3600) {
+      hooks.shmAttachWithinS = static_cast<uint32_t>(a);
     } else if (std::sscanf(item.c_str(), "shm_exit_unarrived=%llu:%llu%n", &a, &b, &used) == 2 &&
                used == static_cast<int>(item.size()) && b > 0) {
       hooks.shmExitUnarrivedRank = static_cast<int>(a);

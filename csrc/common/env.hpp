@@ -148,6 +148,7 @@ struct TestHooks {
   int shmFaultRank = -1;      // this group rank throws std::bad_alloc after posting a step of ...
   uint64_t shmFaultSeq = 0;   // ... collective #shmFaultSeq (0: never)
   int shmStallAttach = -1;    // this group rank never attaches the segment (it sleeps; tests kill it)
+  uint32_t shmAttachWithinS = 0;  // > 0: rank 0 waits this many seconds for the others to attach (else 30)
   int shmExitUnarrivedRank = -1;    // this group rank kills itself (SIGKILL) between its posted flag ...
   uint64_t shmExitUnarrivedSeq = 0;  // ... and its arrival at the arrival tree, in collective #seq (0: never)
   int shmNumaNodes = 0;  // m > 0: rank r of a shared-memory group says it runs on NUMA node r % m (synthetic topology)
