@@ -174,12 +174,34 @@ BUILD_TEMP = os.path.join(ROOT, "build", f"temp.{sysconfig.get_platform()}-{sys.
 
 # A precompiled header of torch's headers (csrc/common/precompiled.hpp), made with the very flags
 # of the build and force-included in every file: torch's headers are most of each file's compile
-# time. It is remade when those flags change (they name torch's version) and lives in BUILD_TEMP.
+# time. It lives in BUILD_TEMP and is remade when what went into it changes: the flags (they name
+# torch's version), the header, the compiler, or any file it read (a torch rebuilt under the same
+# version). ninja does not see the .gch, so a -D naming the .gch's identity goes on every file's
+# command line: a remade .gch changes the command, and ninja recompiles every file.
 PRECOMPILED_SOURCE = os.path.join(CSRC, "common", "precompiled.hpp")
 
 
+def _files_identity(paths):
+    """Size and modification time of each file, as one string (a missing file counts too)."""
+    parts = []
+    for path in sorted(paths):
+        try:
+            info = os.stat(path)
+            parts.append(f"{path} {info.st_size} {info.st_mtime_ns}")
+        except OSError:
+            parts.append(f"{path} missing")
+    return "\n".join(parts)
+
+
+def _read_dependencies(depfile):
+    """The files a `-MD -MF depfile` compile read (make syntax: `target: a b \\` lines)."""
+    with open(depfile) as f:
+        text = f.read().replace("\\\n", " ")
+    return [word for word in text.split(":", 1)[-1].split() if word != "\\"]
+
+
 def precompiled_header(cflags, post_cflags, build_directory):
-    """Path of the header to force-include (its .gch beside it, made when stale), or None.
+    """The flags that force-include the precompiled header (its .gch made when stale), or [].
 
     ``cflags`` and ``post_cflags`` are the shell-quoted flags torch writes into build.ninja; the
     .gch is made with them around ``-x c++-header``, as the ninja rule puts them around ``-c``.
@@ -188,18 +210,25 @@ def precompiled_header(cflags, post_cflags, build_directory):
     header = os.path.join(folder, "precompiled.hpp")
     with open(PRECOMPILED_SOURCE) as f:
         text = f.read()
-    command = " ".join([shlex.quote(os.environ.get("CXX", "c++")), *cflags, "-x", "c++-header",
-                        shlex.quote(header), "-o", shlex.quote(header + ".gch"), *post_cflags])
+    compiler = os.environ.get("CXX", "c++")  # as torch's ninja file runs it: one shell word or more
+    try:
+        compiler_version = subprocess.check_output(f"{compiler} -dumpfullversion", shell=True, text=True).strip()
+    except subprocess.CalledProcessError:
+        return []
+    command = " ".join([compiler, *cflags, "-x", "c++-header", shlex.quote(header), "-o",
+                        shlex.quote(header + ".gch"), "-MD", "-MF", shlex.quote(header + ".d"), *post_cflags])
+    inputs = "\n".join([command, compiler_version, text])
     stamp = os.path.join(folder, "stamp")
-    wanted = command + "\n" + text
     try:
         with open(stamp) as f:
-            if f.read() == wanted and os.path.isfile(header + ".gch"):
-                return header
-    except OSError:
+            recorded_inputs, recorded_files = f.read().split("\n\0\n")
+        if recorded_inputs == inputs and os.path.isfile(header + ".gch") and \
+                recorded_files == _files_identity(_read_dependencies(header + ".d")):
+            return ["-include", shlex.quote(header), f"-DDDPLITE_PCH={_identity_hash(recorded_files)}"]
+    except (OSError, ValueError):
         pass
     os.makedirs(folder, exist_ok=True)
-    for stale in (stamp, header + ".gch"):
+    for stale in (stamp, header + ".gch", header + ".d"):
         if os.path.exists(stale):
             os.remove(stale)
     with open(header, "w") as f:
@@ -207,10 +236,16 @@ def precompiled_header(cflags, post_cflags, build_directory):
     print("ddplite: precompiling torch's headers (csrc/common/precompiled.hpp)", flush=True)
     if subprocess.run(command, shell=True).returncode != 0:
         print("ddplite: the precompiled header failed; building without it", flush=True)
-        return None
+        return []
+    files = _files_identity(_read_dependencies(header + ".d"))
     with open(stamp, "w") as f:
-        f.write(wanted)
-    return header
+        f.write(inputs + "\n\0\n" + files)
+    return ["-include", shlex.quote(header), f"-DDDPLITE_PCH={_identity_hash(files)}"]
+
+
+def _identity_hash(files):
+    import hashlib
+    return hashlib.sha256(files.encode()).hexdigest()[:16]
 
 
 def with_precompiled_header(write_and_compile):
@@ -218,9 +253,8 @@ def with_precompiled_header(write_and_compile):
     called with keywords from 2.8 to 2.15); a torch that calls it otherwise builds without it."""
     def wrapped(*args, **kwargs):
         if {"cflags", "post_cflags", "build_directory"} <= kwargs.keys() and os.environ.get("DDPLITE_WITH_PCH", "1") != "0":
-            header = precompiled_header(kwargs["cflags"], kwargs["post_cflags"], kwargs["build_directory"])
-            if header:
-                kwargs["post_cflags"] = list(kwargs["post_cflags"]) + ["-include", shlex.quote(header)]
+            flags = precompiled_header(kwargs["cflags"], kwargs["post_cflags"], kwargs["build_directory"])
+            kwargs["post_cflags"] = list(kwargs["post_cflags"]) + flags
         return write_and_compile(*args, **kwargs)
     return wrapped
 

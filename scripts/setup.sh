@@ -115,11 +115,11 @@ else
   say "Slurm present ($(slurmd -V 2>/dev/null))"
 fi
 
-# 3. The extension: rebuilt only when its sources, build files, torch or MPI changed.
+# 3. The extension: rebuilt only when its sources, build files, torch, MPI or a DDPLITE_WITH_* changed.
 stamp_file="$REPO/build/.ddplite-build-stamp"
 stamp=$( { cat setup.py pyproject.toml _ddplite_autoload.py; find csrc -type f | sort | xargs cat;
            "$PYTHON" -c "import torch; print(torch.__version__)"; command -v mpicxx || true;
-           echo "${DDPLITE_WITH_MPI:-1} ${DDPLITE_WITH_NCCL:-1}"; } | sha256sum | cut -d' ' -f1)
+           echo "${DDPLITE_WITH_MPI:-1} ${DDPLITE_WITH_NCCL:-1} ${DDPLITE_WITH_PCH:-1}"; } | sha256sum | cut -d' ' -f1)
 # The install must also be this checkout's: an editable install made from another path (a moved
 # or re-cloned checkout) imports from there, or fails in torch's autoload of `_ddplite_autoload`.
 # So the check imports torch with its autoload on, from outside the checkout.

@@ -115,14 +115,17 @@ def refused_then_late_leader(rank, world_size, late_rank):
 def job_with_key_file(rank, world_size, store_path, key_files, timeout_s=20):
     """Joins a ddplite group with DDPLITE_AUTH_KEY_FILE=key_files[rank] (None: unset) through
     the file store at `store_path` (the group's timeout: timeout_s), runs an all_reduce; returns
-    the outcome and the store's bytes."""
+    the outcome and the store's bytes (and, on an error, the seconds it took to come)."""
     from datetime import timedelta
 
     if key_files[rank] is None:
         os.environ.pop("DDPLITE_AUTH_KEY_FILE", None)
     else:
         os.environ["DDPLITE_AUTH_KEY_FILE"] = key_files[rank]
+    import time
+
     outcome = {}
+    started = time.monotonic()
     try:
         dist.init_process_group("ddplite", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
@@ -135,6 +138,7 @@ def job_with_key_file(rank, world_size, store_path, key_files, timeout_s=20):
         dist.destroy_process_group()
     except Exception as error:  # noqa: BLE001 - the type and text are the result
         outcome["error"] = (type(error).__name__, str(error))
+        outcome["failed_after_s"] = time.monotonic() - started
     return outcome
 
 
