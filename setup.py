@@ -11,6 +11,8 @@ torch, ``nccl.h`` and ``libnccl.so.2``. Otherwise the extension is CPU-only and 
 ``build_info()``. The extension stays a plain CppExtension either way: the CUDA path calls the
 host APIs of NCCL and the CUDA runtime only, so g++ compiles it and nvcc is not needed.
 """
+import contextlib
+import fcntl
 import glob
 import os
 import re
@@ -194,10 +196,12 @@ def _files_identity(paths):
 
 
 def _read_dependencies(depfile):
-    """The files a `-MD -MF depfile` compile read (make syntax: `target: a b \\` lines)."""
+    """The files a `-MD -MF depfile` compile read (make syntax: `target: a b \\` lines; a space
+    in a path is written `\\ `)."""
     with open(depfile) as f:
         text = f.read().replace("\\\n", " ")
-    return [word for word in text.split(":", 1)[-1].split() if word != "\\"]
+    words = re.split(r"(?<!\\)\s+", text.split(": ", 1)[-1])
+    return [word.replace("\\ ", " ").replace("\\#", "#").replace("$$", "$") for word in words if word]
 
 
 def precompiled_header(cflags, post_cflags, build_directory):
@@ -210,7 +214,9 @@ def precompiled_header(cflags, post_cflags, build_directory):
     header = os.path.join(folder, "precompiled.hpp")
     with open(PRECOMPILED_SOURCE) as f:
         text = f.read()
-    compiler = os.environ.get("CXX", "c++")  # as torch's ninja file runs it: one shell word or more
+    # The compiler as torch runs it (CXX, else c++). torch 2.15 puts ccache in front where it is
+    # installed; ccache caches a compile that uses a .gch only with sloppiness=pch_defines,time_macros.
+    compiler = os.environ.get("CXX", "c++")
     try:
         compiler_version = subprocess.check_output(f"{compiler} -dumpfullversion", shell=True, text=True).strip()
     except subprocess.CalledProcessError:
@@ -222,6 +228,8 @@ def precompiled_header(cflags, post_cflags, build_directory):
     try:
         with open(stamp) as f:
             recorded_inputs, recorded_files = f.read().split("\n\0\n")
+        if recorded_inputs == inputs and recorded_files == "FAILED":
+            return []  # it failed with these very inputs: not tried again until they change
         if recorded_inputs == inputs and os.path.isfile(header + ".gch") and \
                 recorded_files == _files_identity(_read_dependencies(header + ".d")):
             return ["-include", shlex.quote(header), f"-DDDPLITE_PCH={_identity_hash(recorded_files)}"]
@@ -229,17 +237,21 @@ def precompiled_header(cflags, post_cflags, build_directory):
         pass
     os.makedirs(folder, exist_ok=True)
     for stale in (stamp, header + ".gch", header + ".d"):
-        if os.path.exists(stale):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(stale)
     with open(header, "w") as f:
         f.write(text)
     print("ddplite: precompiling torch's headers (csrc/common/precompiled.hpp)", flush=True)
-    if subprocess.run(command, shell=True).returncode != 0:
-        print("ddplite: the precompiled header failed; building without it", flush=True)
-        return []
-    files = _files_identity(_read_dependencies(header + ".d"))
+    try:
+        made = subprocess.run(command, shell=True).returncode == 0
+        files = _files_identity(_read_dependencies(header + ".d")) if made else "FAILED"
+    except (OSError, ValueError):
+        made, files = False, "FAILED"
     with open(stamp, "w") as f:
         f.write(inputs + "\n\0\n" + files)
+    if not made:
+        print("ddplite: the precompiled header failed; building without it", flush=True)
+        return []
     return ["-include", shlex.quote(header), f"-DDDPLITE_PCH={_identity_hash(files)}"]
 
 
@@ -266,12 +278,17 @@ class PersistentBuildExt(BuildExtension.with_options(use_ninja=True)):
         self.build_temp = BUILD_TEMP
 
     def build_extensions(self):
-        original = cpp_extension._write_ninja_file_and_compile_objects
-        cpp_extension._write_ninja_file_and_compile_objects = with_precompiled_header(original)
-        try:
-            super().build_extensions()
-        finally:
-            cpp_extension._write_ninja_file_and_compile_objects = original
+        # One build at a time in BUILD_TEMP (pip install -e and python -m build share it): the
+        # precompiled header is remade in place, and torch's ninja file and objects are too.
+        os.makedirs(self.build_temp, exist_ok=True)
+        with open(os.path.join(self.build_temp, ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            original = cpp_extension._write_ninja_file_and_compile_objects
+            cpp_extension._write_ninja_file_and_compile_objects = with_precompiled_header(original)
+            try:
+                super().build_extensions()
+            finally:
+                cpp_extension._write_ninja_file_and_compile_objects = original
 
 
 setup(
