@@ -7,8 +7,7 @@
 # and are kept, so a second run rebuilds only what changed.
 #   bash scripts/torch_slice.sh 2.8.0          # CI runs this for the oldest supported torch
 #   bash scripts/torch_slice.sh 2.13.0 -x      # extra arguments go to pytest
-#   bash scripts/torch_slice.sh 2.8.0 --build-only   # the venv and the build only (.ci/run makes
-#                                              # them while the main suite runs); no result line
+#   bash scripts/torch_slice.sh 2.8.0 --build-only   # the venv and the build only; no tests, no result line
 # Last line: "torch-slice torch=<v> build=ok|failed passed=N failed=N skipped=N ddp=ok|failed seconds=S";
 # the same as JSON in <env>/result.json (scripts/torch_matrix.sh collects them). Exit 0 only when
 # the build, every test of the slice and the DDP run pass.
