@@ -14,6 +14,7 @@ host APIs of NCCL and the CUDA runtime only, so g++ compiles it and nvcc is not 
 import contextlib
 import fcntl
 import glob
+import hashlib
 import os
 import re
 import shlex
@@ -232,7 +233,7 @@ def precompiled_header(cflags, post_cflags, build_directory):
             return []  # it failed with these very inputs: not tried again until they change
         if recorded_inputs == inputs and os.path.isfile(header + ".gch") and \
                 recorded_files == _files_identity(_read_dependencies(header + ".d")):
-            return ["-include", shlex.quote(header), f"-DDDPLITE_PCH={_identity_hash(recorded_files)}"]
+            return _force_include(header, recorded_files)
     except (OSError, ValueError):
         pass
     os.makedirs(folder, exist_ok=True)
@@ -252,12 +253,12 @@ def precompiled_header(cflags, post_cflags, build_directory):
     if not made:
         print("ddplite: the precompiled header failed; building without it", flush=True)
         return []
-    return ["-include", shlex.quote(header), f"-DDDPLITE_PCH={_identity_hash(files)}"]
+    return _force_include(header, files)
 
 
-def _identity_hash(files):
-    import hashlib
-    return hashlib.sha256(files.encode()).hexdigest()[:16]
+def _force_include(header, files):
+    """The flags for every file: include the header (its .gch), and name the .gch's identity."""
+    return ["-include", shlex.quote(header), f"-DDDPLITE_PCH={hashlib.sha256(files.encode()).hexdigest()[:16]}"]
 
 
 def with_precompiled_header(write_and_compile):

@@ -7,15 +7,12 @@
 # and are kept, so a second run rebuilds only what changed.
 #   bash scripts/torch_slice.sh 2.8.0          # CI runs this for the oldest supported torch
 #   bash scripts/torch_slice.sh 2.13.0 -x      # extra arguments go to pytest
-#   bash scripts/torch_slice.sh 2.8.0 --build-only   # the venv and the build only; no tests, no result line
 # Last line: "torch-slice torch=<v> build=ok|failed passed=N failed=N skipped=N ddp=ok|failed seconds=S";
 # the same as JSON in <env>/result.json (scripts/torch_matrix.sh collects them). Exit 0 only when
 # the build, every test of the slice and the DDP run pass.
 set -uo pipefail
-VERSION="${1:?usage: torch_slice.sh <torch version> [--build-only | pytest args]}"
+VERSION="${1:?usage: torch_slice.sh <torch version> [pytest args]}"
 shift
-build_only=0
-if [ "${1:-}" = "--build-only" ]; then build_only=1; shift; fi
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ENVS="${DDPLITE_TORCH_ENVS:-$HOME/.cache/ddplite/torch-envs}"
 HERE="$ENVS/torch-$VERSION"
@@ -55,11 +52,6 @@ say "setting up $VENV (torch $VERSION) and building $SRC"
 if ! PYTHON="$VENV/bin/python" TORCH_VERSION="$VERSION" bash "$SRC/scripts/setup.sh"; then
   say "set-up or build failed"
   finish failed 0 0 0 skipped
-fi
-
-if [ "$build_only" = 1 ]; then
-  say "built in $(( $(date +%s) - started )) s (--build-only: no tests)"
-  exit 0
 fi
 
 cd "$SRC"
