@@ -186,3 +186,68 @@ def test_the_torch_include_rule_catches_a_source_that_relies_on_the_precompiled_
     (tmp_path / "comment_only.cpp").write_text('#include <vector>\n// c10::intrusive_ptr\n')
     monkeypatch.setattr(sys.modules[__name__], "CSRC", str(tmp_path))
     assert sources_using_torch_without_including_it() == ["uses.cpp"]
+
+
+# CI's compile check against the releases between the oldest and the newest covers only the files a
+# version gate reaches (scripts/torch_compile_check.py --gated): its walk of the includes must see
+# what the compiler sees.
+def _compile_check():
+    sys.path.insert(0, os.path.join(os.path.dirname(CSRC), "scripts"))
+    try:
+        import torch_compile_check
+    finally:
+        sys.path.pop(0)
+    return torch_compile_check
+
+
+def _compiled_dependencies():
+    """{source: set of csrc/ files it read} from the build's own dependency records (ninja -t deps),
+    or None without a build."""
+    build = os.path.join(os.path.dirname(CSRC), "build")
+    folders = [os.path.join(build, d) for d in (os.listdir(build) if os.path.isdir(build) else [])
+               if d.startswith("temp.") and os.path.exists(os.path.join(build, d, ".ninja_deps"))]
+    if not folders:
+        return None
+    import subprocess
+    text = subprocess.run(["ninja", "-C", folders[0], "-t", "deps"], capture_output=True, text=True).stdout
+    found, current = {}, None
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            current = None
+            source = os.path.join(CSRC, os.path.relpath(line.split(":")[0], os.path.join(folders[0], "csrc")))
+            if source.endswith(".o"):
+                current = found.setdefault(source[:-2] + ".cpp", set())
+        elif current is not None and line.strip().startswith(CSRC + os.sep):
+            current.add(os.path.normpath(line.strip()))
+    return {source: deps for source, deps in found.items() if os.path.exists(source)}
+
+
+def test_the_compile_checks_slice_is_every_file_whose_compile_reads_a_version_gate():
+    check = _compile_check()
+    gated = set(check.gated_sources())
+    assert {os.path.join(CSRC, f) for f in ("bindings.cpp", "backend/backend.cpp")} <= gated
+    assert 0 < len(gated) < len(check.sources())
+    compiled = _compiled_dependencies()
+    if compiled is None:
+        pytest.skip("no build/ with ninja's dependency records")
+    with_gate = {path for deps in compiled.values() for path in deps
+                 if check.VERSION_GATE.search(open(path).read())}
+    assert with_gate, "no file the build read holds a version gate"
+    from_the_compiler = {source for source, deps in compiled.items() if (deps | {source}) & with_gate}
+    assert gated == from_the_compiler & set(check.sources())
+
+
+def test_the_gate_walk_follows_quoted_includes_through_headers(tmp_path, monkeypatch):
+    check = _compile_check()
+    csrc = tmp_path / "csrc"
+    (csrc / "common").mkdir(parents=True)
+    (csrc / "part").mkdir()
+    (csrc / "common" / "compat.hpp").write_text("#define DDPLITE_TORCH_HAS_X 1\n")
+    (csrc / "part" / "api.hpp").write_text('#include "common/compat.hpp"\n')
+    (csrc / "part" / "near.hpp").write_text("#if DDPLITE_OVERRIDE_SINCE_2_9\n#endif\n")
+    (csrc / "part" / "uses.cpp").write_text('#include "part/api.hpp"\n')              # two hops
+    (csrc / "part" / "sibling.cpp").write_text('#include "near.hpp"\n')               # the folder's own
+    (csrc / "part" / "plain.cpp").write_text("#include <vector>\nint plain();\n")
+    (csrc / "part" / "missing.cpp").write_text('#include "part/nowhere.hpp"\n')
+    monkeypatch.setattr(check, "ROOT", str(tmp_path))
+    assert [os.path.relpath(s, csrc) for s in check.gated_sources()] == ["part/sibling.cpp", "part/uses.cpp"]

@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from test_cifar10 import FEW_STEPS, REPO, command, load_checkpoint, rank_environment
+from tiers import exhaustive
 
 GOOD_NET, BAD_NET = "10.231.0", "10.232.0"
 STORE_PORT = 29500  # every namespace has its own ports: nothing else listens there
@@ -361,11 +362,10 @@ print("OUTCOME " + json.dumps(outcome), flush=True)
 """
 
 
-@pytest.mark.parametrize("layout,connect", [([0, 0, 1, 1], "auto"), ([0, 1, 0], "on_demand"),
-                                            ([0, 0, 0, 1], "on_demand"), ([0, 0, 1, 1], "on_demand"),
+@pytest.mark.parametrize("layout,connect", [([0, 0, 1, 1], "auto"), exhaustive([0, 1, 0], "on_demand"),
+                                            ([0, 0, 0, 1], "on_demand"), exhaustive([0, 0, 1, 1], "on_demand"),
                                             ([0, 1, 0, 2, 1, 2, 2], "on_demand"),
-                                            pytest.param([host for host in range(8) for _ in range(2)], "auto",
-                                                         marks=pytest.mark.exhaustive)],
+                                            exhaustive([host for host in range(8) for _ in range(2)], "auto")],
                          ids=["2+2", "2+1-on-demand", "3+1-on-demand", "2+2-on-demand", "2+2+3-interleaved-on-demand",
                               "8x2"])
 def test_hierarchical_collectives_across_hosts(hosts, layout, connect):
@@ -945,7 +945,7 @@ print("OUTCOME " + json.dumps({str(step): table for step, table in tables.items(
 """
 
 
-@pytest.mark.parametrize("slow", [3, 0], ids=["non-leader", "rank-0"])
+@pytest.mark.parametrize("slow", [3, exhaustive(0)], ids=["non-leader", "rank-0"])
 def test_stragglers_name_a_slow_rank_across_hosts(hosts, slow):
     """A DDP job at 2 hosts x 2 ranks (hierarchical) in which one rank sleeps 30% longer per step:
     torch_ddp_lite.stragglers() names it first on every rank within 20 steps, from each rank's own

@@ -2,8 +2,6 @@
 recorder's times, thread names, and pg_options honoured or refused. gloo is the oracle where it
 has the feature (its profiler spans); closed forms elsewhere."""
 
-import os
-import tempfile
 from datetime import timedelta
 
 import pytest
@@ -15,8 +13,8 @@ from harness import run_ranks
 OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier"]
 
 
-def _store_path():
-    return os.path.join(tempfile.mkdtemp(prefix="ddplite-obs-"), "store")
+def _store_path(tmp_path):
+    return str(tmp_path / "store")
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -84,11 +82,11 @@ def test_durations_are_positive_bounded_by_wall_time_and_in_the_flight_recorder(
 
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_every_thread_ddplite_starts_is_named(world_size, transport):
+def test_every_thread_ddplite_starts_is_named(tmp_path, world_size, transport):
     """Every thread is named, and their number does not grow with the group: send/recv
     to every peer run on one pump, ddplite-p2p-shm in a group on one host, ddplite-p2p-tcp over
     TCP; no thread per peer; one ddplite-status per process (the live status query's listener)."""
-    results = run_ranks(ow.thread_names, world_size, _store_path(), backend=None,
+    results = run_ranks(ow.thread_names, world_size, _store_path(tmp_path), backend=None,
                         env={"DDPLITE_CPU_TRANSPORT": transport})
     for rank, out in enumerate(results):
         assert out["wrong"] == [], out["wrong"]
@@ -98,8 +96,8 @@ def test_every_thread_ddplite_starts_is_named(world_size, transport):
                                                    "ddplite-status"}), (rank, new)
 
 
-def test_pg_options_honoured_by_init_and_new_group():
-    results = run_ranks(ow.init_with_options, 2, _store_path(), "honoured", backend=None, timeout_s=120)
+def test_pg_options_honoured_by_init_and_new_group(tmp_path):
+    results = run_ranks(ow.init_with_options, 2, _store_path(tmp_path), "honoured", backend=None, timeout_s=120)
     for rank, out in enumerate(results):
         assert out["options_timeout_s"] == 3.0 and out["group_timeout_s"] == 9.0, out
         assert out["pair_sum"] == [2.0, 2.0]
@@ -115,8 +113,8 @@ def test_pg_options_honoured_by_init_and_new_group():
     ("gloo_options", "not ddplite's options"),
     ("disagreeing_timeouts", "disagree"),
 ])
-def test_pg_options_refused_on_every_rank(case, expected):
-    results = run_ranks(ow.init_with_options, 2, _store_path(), case, backend=None, timeout_s=120)
+def test_pg_options_refused_on_every_rank(tmp_path, case, expected):
+    results = run_ranks(ow.init_with_options, 2, _store_path(tmp_path), case, backend=None, timeout_s=120)
     for rank, (kind, message) in enumerate(results):
         assert kind == "ValueError" and expected in message and f"rank {rank}/2" in message, (rank, kind, message)
 

@@ -1,9 +1,6 @@
 """Per-rank costs that do not grow with the group or with time. Figures (threads, fds,
 latency at 8-64 ranks against gloo) are benchmarks: scripts/scale_probe.py, docs/scale.md."""
 
-import os
-import tempfile
-
 import pytest
 
 import scale_workers
@@ -25,11 +22,11 @@ def test_threads_and_descriptors_stay_flat_across_new_group_rounds(world_size, r
         assert [tuple(counts) for counts in out["after"]] == [before] * rounds, (rank, before, out["after"])
 
 
-def test_running_out_of_descriptors_is_a_clear_error_on_every_rank():
+def test_running_out_of_descriptors_is_a_clear_error_on_every_rank(tmp_path):
     """Rank 2 of 8 may open only a few more descriptors than it has: it raises at once, naming
     RLIMIT_NOFILE, what it holds and what the group needs, with the way to raise the limit; the
     others fail by the group's 20 s timeout naming rank 2. Nobody hangs."""
-    store = os.path.join(tempfile.mkdtemp(prefix="ddplite-fd-"), "store")
+    store = str(tmp_path / "store")
     results = run_ranks(scale_workers.descriptors_run_out, 8, store, 2, 6, backend=None, timeout_s=180)
     victim = results[2]
     assert victim["type"] == "DistBackendError", victim
