@@ -201,25 +201,34 @@ def _compile_check():
 
 
 def _compiled_dependencies():
-    """{source: set of csrc/ files it read} from the build's own dependency records (ninja -t deps),
-    or None without a build."""
-    build = os.path.join(os.path.dirname(CSRC), "build")
-    folders = [os.path.join(build, d) for d in (os.listdir(build) if os.path.isdir(build) else [])
-               if d.startswith("temp.") and os.path.exists(os.path.join(build, d, ".ninja_deps"))]
-    if not folders:
-        return None
+    """{source: set of csrc/ files it read} from the in-place build's own dependency records
+    (`ninja -t deps` in build/temp.*, the folder setup.py builds in); only the records ninja still
+    calls VALID (a file edited since its last compile is left out). None without such a build."""
+    import shutil
     import subprocess
-    text = subprocess.run(["ninja", "-C", folders[0], "-t", "deps"], capture_output=True, text=True).stdout
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        from build_variants import BUILD_TEMP
+    finally:
+        sys.path.pop(0)
+    if not os.path.isdir(BUILD_TEMP):
+        return None
+    assert shutil.which("ninja"), "the build folder is there but ninja is not on PATH"
+    proc = subprocess.run(["ninja", "-C", BUILD_TEMP, "-t", "deps"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip(), f"no dependency records in {BUILD_TEMP}: {proc.stderr}"
     found, current = {}, None
-    for line in text.splitlines():
+    objects = os.path.join(BUILD_TEMP, "csrc")
+    for line in proc.stdout.splitlines():
         if line and not line[0].isspace():
+            target = line.split(":")[0]
             current = None
-            source = os.path.join(CSRC, os.path.relpath(line.split(":")[0], os.path.join(folders[0], "csrc")))
-            if source.endswith(".o"):
-                current = found.setdefault(source[:-2] + ".cpp", set())
+            if target.endswith(".o") and "(VALID)" in line and target.startswith(objects + os.sep):
+                source = os.path.join(CSRC, os.path.relpath(target, objects))[:-2] + ".cpp"
+                if os.path.exists(source):
+                    current = found.setdefault(source, set())
         elif current is not None and line.strip().startswith(CSRC + os.sep):
             current.add(os.path.normpath(line.strip()))
-    return {source: deps for source, deps in found.items() if os.path.exists(source)}
+    return found
 
 
 def test_the_compile_checks_slice_is_every_file_whose_compile_reads_a_version_gate():
@@ -229,12 +238,46 @@ def test_the_compile_checks_slice_is_every_file_whose_compile_reads_a_version_ga
     assert 0 < len(gated) < len(check.sources())
     compiled = _compiled_dependencies()
     if compiled is None:
-        pytest.skip("no build/ with ninja's dependency records")
+        pytest.skip("no in-place build (build/temp.*) to compare with")
+    assert compiled, "the build's dependency records name no csrc/ source of this checkout"
     with_gate = {path for deps in compiled.values() for path in deps
                  if check.VERSION_GATE.search(open(path).read())}
     assert with_gate, "no file the build read holds a version gate"
     from_the_compiler = {source for source, deps in compiled.items() if (deps | {source}) & with_gate}
-    assert gated == from_the_compiler & set(check.sources())
+    # a build without NCCL has no cuda/ objects: compare the files it compiled
+    assert gated & set(compiled) == from_the_compiler
+
+
+# A version check anywhere but compat*.hpp would escape the gate walk above: torch's version
+# macros, its version header, __has_include of a header some release lacks, C10's or CUDA's version.
+VERSION_TEST = re.compile(r"\bTORCH_VERSION_[A-Z]+\b|<torch/version\.h>|__has_include|\bC10_[A-Z_]*VERSION\b"
+                          r"|\bCUDA_VERSION\b|\bCUDART_VERSION\b")
+
+
+def version_tests_outside_compat(root=None):
+    found = []
+    for base, _, files in os.walk(root or CSRC):
+        for name in files:
+            path = os.path.join(base, name)
+            relative = os.path.relpath(path, root or CSRC)
+            if relative in ("common/compat.hpp", "common/compat_cuda.hpp"):
+                continue
+            if VERSION_TEST.search(open(path, errors="replace").read()):
+                found.append(relative)
+    return sorted(found)
+
+
+def test_only_compat_asks_which_torch_it_is_built_against():
+    assert version_tests_outside_compat() == []
+
+
+def test_the_version_test_rule_catches_a_check_outside_compat(tmp_path):
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "compat.hpp").write_text("#include <torch/version.h>\n#if TORCH_VERSION_MINOR >= 9\n#endif\n")
+    (tmp_path / "minor.cpp").write_text("#if TORCH_VERSION_MINOR > 12\n#endif\n")
+    (tmp_path / "has.cpp").write_text("#if __has_include(<c10/core/Foo.h>)\n#endif\n")
+    (tmp_path / "fine.cpp").write_text("#include <torch/extension.h>\n")
+    assert version_tests_outside_compat(str(tmp_path)) == ["has.cpp", "minor.cpp"]
 
 
 def test_the_gate_walk_follows_quoted_includes_through_headers(tmp_path, monkeypatch):

@@ -50,7 +50,7 @@ def test_mpi_is_compiled_in_where_mpirun_exists():
 
 
 @needs_mpirun
-@pytest.mark.parametrize("transport,ranks", [("mpi", 1), exhaustive("mpi", 2), ("mpi", 3), exhaustive("mpi", 4),
+@pytest.mark.parametrize("transport,ranks", [("mpi", 1), exhaustive("mpi", 2), ("mpi", 3), ("mpi", 4),
                                              ("tcp", 2), exhaustive("tcp", 3)])
 def test_mpirun_collectives_match_closed_form_and_gloo(tmp_path, transport, ranks):
     results = mpirun("sweeps", ranks, tmp_path, transport)
@@ -68,8 +68,8 @@ def test_mpirun_collectives_match_closed_form_and_gloo(tmp_path, transport, rank
 
 
 @needs_mpirun
-@pytest.mark.parametrize("transport,ranks", [("mpi", 1), exhaustive("mpi", 2), ("tcp", 2), ("mpi", 3),
-                                             exhaustive("mpi", 4), exhaustive("tcp", 4)])
+@pytest.mark.parametrize("transport,ranks", [("mpi", 1), exhaustive("mpi", 2), ("tcp", 2), exhaustive("mpi", 3),
+                                             ("mpi", 4), exhaustive("tcp", 4)])
 def test_mpirun_ddp_matches_gloo(tmp_path, transport, ranks):
     results = mpirun("ddp", ranks, tmp_path, transport)
     reference = workers.single_process_train(world_size=ranks, steps=8)
@@ -84,7 +84,7 @@ def test_mpirun_ddp_matches_gloo(tmp_path, transport, ranks):
 
 
 @needs_mpirun
-@pytest.mark.parametrize("ranks", [3, exhaustive(4)])
+@pytest.mark.parametrize("ranks", [3, 4])
 def test_mpi_transport_on_overlapping_subgroups(tmp_path, ranks):
     """A communicator per group (MPI_Comm_create_group), async ops in flight on two at once."""
     results = mpirun("groups", ranks, tmp_path, "mpi")
@@ -320,7 +320,7 @@ def test_mpirun_mismatched_collectives_raise_on_every_rank(tmp_path, transport, 
 
 
 @needs_mpirun
-@pytest.mark.parametrize("transport,ranks", [("mpi", 1), exhaustive("mpi", 2), ("mpi", 3), exhaustive("mpi", 4),
+@pytest.mark.parametrize("transport,ranks", [("mpi", 1), exhaustive("mpi", 2), ("mpi", 3), ("mpi", 4),
                                              ("tcp", 2)])
 def test_mpirun_parity_calls(tmp_path, transport, ranks):
     """The calls of tests/test_parity.py under mpirun, with MPI as the CPU transport (and TCP)."""

@@ -945,7 +945,7 @@ print("OUTCOME " + json.dumps({str(step): table for step, table in tables.items(
 """
 
 
-@pytest.mark.parametrize("slow", [3, exhaustive(0)], ids=["non-leader", "rank-0"])
+@pytest.mark.parametrize("slow", [3, 0], ids=["non-leader", "rank-0"])
 def test_stragglers_name_a_slow_rank_across_hosts(hosts, slow):
     """A DDP job at 2 hosts x 2 ranks (hierarchical) in which one rank sleeps 30% longer per step:
     torch_ddp_lite.stragglers() names it first on every rank within 20 steps, from each rank's own
