@@ -199,7 +199,9 @@ def run_mpi(ranks, count, seconds, timeout, program, btl, folder, perf_file=None
     """One configuration of the C program through mpirun, set up as crosshost_bench.py does."""
     label = f"Open MPI ({btl}) at {ranks} ranks"
     command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), "--bind-to", "none",
-               "--mca", "orte_tmpdir_base", folder, "--mca", "btl", btl, "--mca", "mpi_yield_when_idle", "1",
+               # its session files and vader's segments in the run's folder: removed even after a kill
+               "--mca", "orte_tmpdir_base", folder, "--mca", "btl_vader_backing_directory", folder,
+               "--mca", "btl", btl, "--mca", "mpi_yield_when_idle", "1",
                program, str(count), str(seconds)]
     output = run_launcher(counted(command, perf_file), dict(os.environ), timeout, label)
     return with_counts(parse_results(output, ranks, label), perf_file, ranks)
