@@ -110,32 +110,39 @@ VERSION_GATE = re.compile(r"\bDDPLITE_(TORCH_[A-Z0-9_]+|OVERRIDE_SINCE_[0-9_]+)\
 QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 
 
-def _includes(path):
+def _includes(path, csrc):
     """The csrc/ files ``path`` includes with quotes (as the compiler resolves them: the including
     file's folder first, then -I csrc)."""
     with open(path) as f:
         names = QUOTED_INCLUDE.findall(f.read())
     found = []
     for name in names:
-        for candidate in (os.path.join(os.path.dirname(path), name), os.path.join(ROOT, "csrc", name)):
+        for candidate in (os.path.join(os.path.dirname(path), name), os.path.join(csrc, name)):
             if os.path.isfile(candidate):
                 found.append(os.path.normpath(candidate))
                 break
     return found
 
 
-def reaches_a_version_gate(source):
-    """True when ``source`` or a csrc/ header it includes, directly or not, uses a version gate."""
-    seen, todo = set(), [os.path.normpath(source)]
+def translation_unit(source, csrc=None):
+    """``source`` and every csrc/ file it includes, directly or not (tests/test_layering.py's rules
+    walk the same way)."""
+    csrc = csrc or os.path.join(ROOT, "csrc")
+    found, todo = set(), [os.path.normpath(source)]
     while todo:
         path = todo.pop()
-        if path in seen:
-            continue
-        seen.add(path)
+        if path not in found:
+            found.add(path)
+            todo += _includes(path, csrc)
+    return found
+
+
+def reaches_a_version_gate(source):
+    """True when ``source`` or a csrc/ header it includes, directly or not, uses a version gate."""
+    for path in translation_unit(source):
         with open(path) as f:
             if VERSION_GATE.search(f.read()):
                 return True
-        todo += _includes(path)
     return False
 
 

@@ -141,19 +141,8 @@ TORCH_HEADER = re.compile(r"^#include <(torch|ATen|c10|pybind11)/", re.MULTILINE
 
 
 def translation_unit(path):
-    """`path` and every csrc/ file it includes, directly or not."""
-    found, todo = set(), [os.path.normpath(path)]
-    while todo:
-        current = todo.pop()
-        if current in found:
-            continue
-        found.add(current)
-        for included in includes(current):
-            for candidate in (os.path.join(os.path.dirname(current), included), os.path.join(CSRC, included)):
-                if os.path.isfile(candidate):
-                    todo.append(os.path.normpath(candidate))
-                    break
-    return found
+    """`path` and every csrc/ file it includes, directly or not (the compile check's walk)."""
+    return _compile_check().translation_unit(path, CSRC)
 
 
 def sources_using_torch_without_including_it():
