@@ -32,6 +32,7 @@ constexpr const char* kFingerprint = "DDPLITE_FINGERPRINT";
 constexpr const char* kShmChunkBytes = "DDPLITE_SHM_CHUNK_BYTES";
 constexpr const char* kShmInlineBytes = "DDPLITE_SHM_INLINE_BYTES";
 constexpr const char* kTcpSpinUs = "DDPLITE_TCP_SPIN_US";
+constexpr const char* kShmSpinUs = "DDPLITE_SHM_SPIN_US";
 constexpr const char* kSyncOnCaller = "DDPLITE_SYNC_ON_CALLER";
 constexpr const char* kRailsBytes = "DDPLITE_RAILS_BYTES";
 constexpr const char* kCpuKernels = "DDPLITE_CPU_KERNELS";
@@ -62,6 +63,8 @@ constexpr int64_t kMaximumShmChunkBytes = int64_t{1} << 30;
 constexpr int64_t kDefaultShmInlineBytes = 256 << 10;
 constexpr int64_t kDefaultTcpSpinUs = 50;
 constexpr int64_t kMaximumTcpSpinUs = 100000;
+constexpr int64_t kDefaultShmSpinUs = 50;
+constexpr int64_t kMaximumShmSpinUs = 100000;
 constexpr int64_t kDefaultRailsBytes = 2 << 20;
 constexpr int64_t kDefaultTraceBufferSize = 2000;
 constexpr int64_t kMaximumTraceBufferSize = 1000000;
@@ -165,6 +168,11 @@ const std::vector<Knob>& allKnobs() {
        strCat("Shared-memory path: a collective of at most this many bytes runs on the calling thread "
               "when no other op is pending (no hand-off to the worker thread); 0 sends every op to the "
               "worker (0 to ", kMaximumShmChunkBytes, ")")},
+      {kShmSpinUs, std::to_string(kDefaultShmSpinUs),
+       strCat("Shared-memory path: how long (microseconds) a wait for the other ranks' flags spins, yielding the "
+              "CPU every 64 pauses, before it sleeps on a futex; a group with more than two ranks per CPU sleeps "
+              "after 64 pauses whatever this says. 0: sleep after 64 pauses (0 to ", kMaximumShmSpinUs,
+              "). Read when a group is created")},
       {kSyncOnCaller, *kSwitch.begin(),
        "1: a CPU collective issued with async_op=False runs on the calling thread when nothing else of the "
        "group is queued or running (the caller blocks on it anyway; it saves two thread hand-offs). 0: it "
@@ -267,6 +275,7 @@ void validateAll() {
   readBytes(kShmChunkBytes, kDefaultShmChunkBytes, kMinimumShmChunkBytes, kMaximumShmChunkBytes);
   readBytes(kShmInlineBytes, kDefaultShmInlineBytes, 0, kMaximumShmChunkBytes);
   readBytes(kTcpSpinUs, kDefaultTcpSpinUs, 0, kMaximumTcpSpinUs, "microseconds");
+  readBytes(kShmSpinUs, kDefaultShmSpinUs, 0, kMaximumShmSpinUs, "microseconds");
   readChoice(kFingerprint, kSwitch);
   readChoice(kSyncOnCaller, kSwitch);
   readBytes(kRailsBytes, kDefaultRailsBytes, 0);
@@ -335,6 +344,10 @@ int64_t shmInlineBytes() {
 
 std::chrono::microseconds tcpSpin() {
   return std::chrono::microseconds(readBytes(kTcpSpinUs, kDefaultTcpSpinUs, 0, kMaximumTcpSpinUs, "microseconds"));
+}
+
+std::chrono::microseconds shmSpin() {
+  return std::chrono::microseconds(readBytes(kShmSpinUs, kDefaultShmSpinUs, 0, kMaximumShmSpinUs, "microseconds"));
 }
 
 int64_t railsBytes() { return readBytes(kRailsBytes, kDefaultRailsBytes, 0); }

@@ -74,6 +74,11 @@ bool syncOpsOnCaller();
 inline constexpr size_t kTcpSpinMaxBytes = 256 << 10;
 std::chrono::microseconds tcpSpin();
 
+// DDPLITE_SHM_SPIN_US: how long a shared-memory wait spins (yielding every 64 pauses) before it
+// sleeps on a futex, in a group of at most two ranks per CPU (0, and beyond: after 64 pauses). Read each time (a group reads it when
+// it is created); throws std::invalid_argument naming the knob for a bad value.
+std::chrono::microseconds shmSpin();
+
 // DDPLITE_RAILS_BYTES: an all_reduce across hosts of at least this many bytes runs on rails, every
 // rank of a host carrying its share between hosts (cpu/hierarchy/allreduce_hierarchical.cpp); 0:
 // never. Read each time (a group reads it when it is created); throws std::invalid_argument naming

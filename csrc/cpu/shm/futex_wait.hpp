@@ -20,8 +20,8 @@ namespace ddplite::cpu {
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be plain 32-bit words");
 
-// The CPUs this process may run on. With more ranks on the host than that, a spinning waiter
-// takes the core the rank it waits for needs: such waiters do not spin at all.
+// The CPUs this process may run on. With more ranks on the host than that, peersStarted (a look
+// that decides whether an async op runs on the caller) does not spin at all.
 inline int usableCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -22,11 +22,19 @@ namespace ddplite::cpu {
 
 namespace {
 
-constexpr auto kSpin = std::chrono::microseconds(50);
+// peersStarted's look: at most this long, none when the group has more ranks than this process
+// has CPUs (a path decision for an async op, not a wait for data: docs/shared-memory.md, "Waiting").
+constexpr auto kStartedSpin = std::chrono::microseconds(50);
 // A step's wait yields its core every 64 pauses while it spins (an 8-byte all_reduce at 4
 // namespace hosts x 2 ranks on 2 cores: docs/data/crosshost/shm_yield_ab.txt); peersStarted, a
 // look that decides a path rather than a wait for data, every 1024.
 constexpr unsigned kYieldEvery = 64;
+// A step's wait spins while the group has at most this many ranks per CPU of this process, and
+// sleeps after 64 pauses beyond (docs/data/shm_spin_ab.txt: with yields, the spin took a small
+// all_reduce at 3-4 ranks on 2 cores from 35-97 to 27-51 us; at 24 and 64 ranks it left the op
+// where it was and slowed the first collective while ranks still arrived, 0.2-0.5 s to 5-10 s
+// from the last rank's init at 64).
+constexpr int kSpinRanksPerCpu = 2;
 constexpr unsigned kStartedYieldEvery = 1024;
 
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
@@ -197,7 +205,8 @@ ShmGroup::ShmGroup(std::unique_ptr<ShmSegment> segment, Transport& liveness, int
       tree_(size, 0),
       treeCapacity_(treeCapacity),
       controlsOffset_(groupWakeBytes() + treeBytes(treeCapacity)),
-      spin_(size <= usableCpus() ? kSpin : std::chrono::microseconds(0)) {
+      spin_(size <= kSpinRanksPerCpu * usableCpus() ? env::shmSpin() : std::chrono::microseconds(0)),
+      startedSpin_(size <= usableCpus() ? kStartedSpin : std::chrono::microseconds(0)) {
   static_assert(sizeof(RankControl) == 4 * kAlignment, "a control block is four cache lines (docs/shared-memory.md)");
 }
 
@@ -729,7 +738,7 @@ void ShmGroup::summariseStarted(uint64_t seq) {
 }
 
 bool ShmGroup::peersStarted(uint64_t seq, std::chrono::microseconds within) const {
-  const auto giveUp = Clock::now() + std::min(within, spin_);
+  const auto giveUp = Clock::now() + std::min(within, startedSpin_);
   auto startedBy = [&](const std::atomic<uint64_t>& word) {
     return spinUntil<kStartedYieldEvery>(giveUp, [&] { return word.load(std::memory_order_acquire) >= seq; });
   };

@@ -30,11 +30,11 @@
 // the count relaxed, then a release fence, the words relaxed, then the even count with release;
 // the reader loads the count with acquire, the words relaxed, an acquire fence, the count again).
 //
-// Waiting: spin with a pause instruction for kSpin (only the first 64 pauses when the group has
-// more ranks than the process has CPUs), yielding the core every 64 pauses (spinUntil: the rank
-// waited for may need it, as the group-size test counts this group's ranks only, not other hosts'
-// or jobs' ranks on the same cores; an 8-byte all_reduce at 4 namespace hosts x 2 ranks on 2
-// cores, docs/data/crosshost/shm_yield_ab.txt), then futex-wait in slices of at most 20 ms;
+// Waiting: spin with a pause instruction for DDPLITE_SHM_SPIN_US (50 us; only the first 64 pauses
+// when the group has more than two ranks per CPU of this process), yielding the core every 64 pauses (spinUntil: the rank waited for may need it, whether it is of
+// this group or of another host or job on the same cores; an 8-byte all_reduce at 4 namespace
+// hosts x 2 ranks on 2 cores, docs/data/crosshost/shm_yield_ab.txt; 4 ranks on 2 cores,
+// docs/data/shm_spin_ab.txt), then futex-wait in slices of at most 20 ms;
 // between slices check the deadline, abort() and, every 50 ms, the peer's TCP connection (a rank
 // that died closed it), so a crash is reported within about 0.1 s and a rank that never arrives
 // at the op's timeout, as on the TCP path. A wait for one peer sleeps on that peer's wake word; a
@@ -287,9 +287,12 @@ class ShmGroup {
   ArrivalTree tree_;              // none until create() has read every rank's NUMA node; fixed after
   const int treeCapacity_;        // nodes the segment has room for
   const size_t controlsOffset_;  // groupWakeBytes() + treeBytes(treeCapacity_)
-  // How long a waiter spins before it blocks (and peersStarted() waits at most): kSpin, or 0 when
-  // the group has more ranks than this process has CPUs (spinning would starve the peers).
+  // How long a step's waiter spins before it blocks: DDPLITE_SHM_SPIN_US, or 0 when the group has
+  // more than kSpinRanksPerCpu (2) ranks per CPU of this process.
   const std::chrono::microseconds spin_;
+  // How long peersStarted() looks at most: kStartedSpin, or 0 when the group has more ranks than
+  // this process has CPUs.
+  const std::chrono::microseconds startedSpin_;
   std::atomic<bool> aborted_{false};
   uint32_t step_ = 0;
   Fingerprint current_;  // of the step in progress
