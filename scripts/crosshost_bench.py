@@ -6,6 +6,7 @@ MPI_Allreduce timed the same way by a small C program, all under one mpirun set-
     sudo python3 scripts/crosshost_bench.py                        # 2x1 and 4x2, 8 B to 64 MB
     sudo python3 scripts/crosshost_bench.py --layouts 2x1 --sizes 8,64K,1M --markdown /tmp/x.md
     sudo python3 scripts/crosshost_bench.py --layouts 2x2,4x2 --backends ddplite,ddplite-leaders,gloo
+    sudo python3 scripts/crosshost_bench.py --backends ddplite,ddplite-mpi   # + Open MPI called through torch
 
 A layout HxL is H namespace hosts of L ranks each (the bridge and veth pairs of
 tests/test_multihost.py: host i has eth0 = 10.231.0.(i+1)). For each layout, in this order:
@@ -53,6 +54,7 @@ STORE_PORT = 29620
 # ddplite-handoff: every op through the worker thread and TCP waits sleeping at once (ddplite before
 # 2026-11-28): what running on the caller and spinning first gain, in the same run
 BACKENDS = "ddplite,ddplite-handoff,gloo"
+TIME_PER_POINT = 0.3  # seconds per size and backend
 STAGES = ("call", "hand-off", "collective", "completion", "return")
 C_PROGRAM = r"""
 /* MPI_Allreduce (float32 sum, in place) timed like torch_ddp_lite.bench: per size, a warm-up sizes
@@ -255,7 +257,7 @@ def main():
     parser.add_argument("--backends", default=BACKENDS,
                         help="the bench's columns, ddplite first (torch_ddp_lite.bench --backends; e.g. add "
                              "ddplite-leaders: every all_reduce across hosts through the hosts' leaders)")
-    parser.add_argument("--time-per-point", type=float, default=0.3, help="seconds per size and backend")
+    parser.add_argument("--time-per-point", type=float, default=TIME_PER_POINT, help="seconds per size and backend")
     parser.add_argument("--iperf-seconds", type=int, default=5, help="seconds per iperf3 run (0: no link figures)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds before one mpirun run is killed")
     parser.add_argument("--markdown", help="write the tables to this file")
@@ -302,8 +304,13 @@ def render(options, link, results):
 
     mpi_version = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     load = os.getloadavg()[0]
-    head = [f"Measured {datetime.date.today()} by `sudo python3 scripts/crosshost_bench.py --layouts "
-            f"{options.layouts} --sizes {options.sizes}` on `{platform.node()}` ({os.cpu_count()} CPUs, load "
+    command = f"--layouts {options.layouts} --sizes {options.sizes}"
+    if options.backends != BACKENDS:
+        command += f" --backends {options.backends}"
+    if options.time_per_point != TIME_PER_POINT:
+        command += f" --time-per-point {options.time_per_point:g}"
+    head = [f"Measured {datetime.date.today()} by `sudo python3 scripts/crosshost_bench.py "
+            f"{command}` on `{platform.node()}` ({os.cpu_count()} CPUs, load "
             f"{load:.1f} at the end), torch {torch.__version__}, {mpi_version}. float32 sum; time = median of the "
             f"slowest rank per iteration; {', '.join(options.backends.split(','))} interleaved in one run; Open MPI's "
             "column is the faster of its two runs around that one (both in brackets); `vs X` = X's time / "
