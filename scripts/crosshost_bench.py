@@ -55,6 +55,7 @@ STORE_PORT = 29620
 # 2026-11-28): what running on the caller and spinning first gain, in the same run
 BACKENDS = "ddplite,ddplite-handoff,gloo"
 TIME_PER_POINT = 0.3  # seconds per size and backend
+IPERF_SECONDS = 5  # per iperf3 run
 STAGES = ("call", "hand-off", "collective", "completion", "return")
 C_PROGRAM = r"""
 /* MPI_Allreduce (float32 sum, in place) timed like torch_ddp_lite.bench: per size, a warm-up sizes
@@ -258,7 +259,7 @@ def main():
                         help="the bench's columns, ddplite first (torch_ddp_lite.bench --backends; e.g. add "
                              "ddplite-leaders: every all_reduce across hosts through the hosts' leaders)")
     parser.add_argument("--time-per-point", type=float, default=TIME_PER_POINT, help="seconds per size and backend")
-    parser.add_argument("--iperf-seconds", type=int, default=5, help="seconds per iperf3 run (0: no link figures)")
+    parser.add_argument("--iperf-seconds", type=int, default=IPERF_SECONDS, help="seconds per iperf3 run (0: no link figures)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds before one mpirun run is killed")
     parser.add_argument("--markdown", help="write the tables to this file")
     parser.add_argument("--json", help="write the raw figures to this file")
@@ -309,6 +310,8 @@ def render(options, link, results):
         command += f" --backends {options.backends}"
     if options.time_per_point != TIME_PER_POINT:
         command += f" --time-per-point {options.time_per_point:g}"
+    if options.iperf_seconds != IPERF_SECONDS:
+        command += f" --iperf-seconds {options.iperf_seconds}"
     head = [f"Measured {datetime.date.today()} by `sudo python3 scripts/crosshost_bench.py "
             f"{command}` on `{platform.node()}` ({os.cpu_count()} CPUs, load "
             f"{load:.1f} at the end), torch {torch.__version__}, {mpi_version}. float32 sum; time = median of the "

@@ -168,8 +168,14 @@ def test_rank_killed_mid_allreduce_is_reported_within_seconds(world_size, victim
         assert result["seconds"] < 5.0, result
 
 
-def test_rank_that_never_arrives_is_named_at_the_timeout():
-    results = run_ranks(workers.peer_never_arrives, 2, env=SHM, pg_timeout_s=2, timeout_s=60)
+# "100000": the longest spin DDPLITE_SHM_SPIN_US allows (100 ms); a wait still ends at the op's
+# deadline and on abort(), whatever the spin.
+LONG_SPIN = {"DDPLITE_SHM_SPIN_US": "100000"}
+
+
+@pytest.mark.parametrize("spin", [{}, LONG_SPIN], ids=["default-spin", "long-spin"])
+def test_rank_that_never_arrives_is_named_at_the_timeout(spin):
+    results = run_ranks(workers.peer_never_arrives, 2, env=dict(SHM, **spin), pg_timeout_s=2, timeout_s=60)
     outcome = results[0]
     assert "Timed out waiting for rank 1" in outcome["message"], outcome["message"]
     assert "shared memory" in outcome["message"] and "ddplite rank 0/2, allreduce #1" in outcome["message"]
@@ -177,8 +183,9 @@ def test_rank_that_never_arrives_is_named_at_the_timeout():
     assert "unusable after an earlier failure" in outcome["second"]
 
 
-def test_abort_wakes_the_peer_waiting_in_shared_memory():
-    results = run_ranks(workers.abort_fails_pending_and_later_ops, 2, env=SHM, pg_timeout_s=30)
+@pytest.mark.parametrize("spin", [{}, LONG_SPIN], ids=["default-spin", "long-spin"])
+def test_abort_wakes_the_peer_waiting_in_shared_memory(spin):
+    results = run_ranks(workers.abort_fails_pending_and_later_ops, 2, env=dict(SHM, **spin), pg_timeout_s=30)
     assert results[0]["raised"] == "DistBackendError" and "abort() was called on rank 0" in results[0]["message"]
     assert results[1]["raised"] == "DistBackendError" and "rank 0" in results[1]["message"]
 

@@ -31,9 +31,9 @@ constexpr auto kStartedSpin = std::chrono::microseconds(50);
 constexpr unsigned kYieldEvery = 64;
 // A step's wait spins while the group has at most this many ranks per CPU of this process, and
 // sleeps after 64 pauses beyond (docs/data/shm_spin_ab.txt: with yields, the spin took a small
-// all_reduce at 3-4 ranks on 2 cores from 35-97 to 27-51 us; at 24 and 64 ranks it left the op
-// where it was and slowed the first collective while ranks still arrived, 0.2-0.5 s to 5-10 s
-// from the last rank's init at 64).
+// all_reduce at 3-4 ranks on 2 cores from 37-82 to 34-48 us; at 64 ranks it sped the op up but
+// slowed the first collective while ranks still arrived, 0.2-0.5 s to 5-10 s from the last
+// rank's init).
 constexpr int kSpinRanksPerCpu = 2;
 constexpr unsigned kStartedYieldEvery = 1024;
 
@@ -494,10 +494,10 @@ void ShmGroup::waitForTree(Flag which, uint32_t target, Deadline deadline) {
   // seq_cst on the first look: see checkAllPostedLater; acquire while spinning (pairs with the
   // root completer's store).
   if (reached(group.treeReached.load(std::memory_order_seq_cst), target)) return;
-  if (spinUntil<kYieldEvery>(Clock::now() + spin_,
-                             [&] { return reached(group.treeReached.load(std::memory_order_acquire), target); })) {
-    return;
-  }
+  // Bounded by the deadline and cut short by abort(), as in waitUntilReached.
+  spinUntil<kYieldEvery>(std::min(deadline, Clock::now() + spin_),
+                         [&] { return reached(group.treeReached.load(std::memory_order_acquire), target) || stopHint(); });
+  if (reached(group.treeReached.load(std::memory_order_acquire), target)) return;
   // Who is missing is looked up only on this slow path, after a first slice: a wait that ends
   // with the step's last arrival reads no peer's flag.
   auto nextLook = Clock::now() + kSleepSlice;
@@ -621,14 +621,15 @@ void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline 
   std::atomic<uint32_t>& word = flag(peer, which);
   // seq_cst: see checkAllPostedLater (free on x86, where every load is one).
   if (reached(word.load(std::memory_order_seq_cst), target)) return;
-  if (spinUntil<kYieldEvery>(Clock::now() + spin_,
-                             [&] { return reached(word.load(std::memory_order_acquire), target); })) {
-    return;
-  }
+  // The spin ends at the op's deadline at the latest, and at once on abort() or a broken group
+  // (stopHint; the loop below reads both with seq_cst and throws).
+  spinUntil<kYieldEvery>(std::min(deadline, Clock::now() + spin_),
+                         [&] { return reached(word.load(std::memory_order_acquire), target) || stopHint(); });
+  if (reached(word.load(std::memory_order_acquire), target)) return;
   RankControl& theirs = control(peer);
   // The first look at the peer's socket and process (two system calls and a /proc read) comes
   // after a first slice, as waitForTree's: a wait that ends with the peer's flag costs none (with
-  // more ranks than cores, every wait takes this path). A peer that died is still named within
+  // more than two ranks per core, every wait takes this path). A peer that died is still named within
   // kSleepSlice + kLivenessInterval.
   auto nextLivenessCheck = Clock::now() + kSleepSlice;
   while (true) {
@@ -658,6 +659,12 @@ void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline 
     if (reached(word.load(std::memory_order_acquire), target)) return;
     throwIfStopped(peer);
   }
+}
+
+bool ShmGroup::stopHint() const {
+  // Relaxed: a hint that ends a spin early; the waits then read both words with seq_cst.
+  return aborted_.load(std::memory_order_relaxed) ||
+         groupWake(Flag::kPosted).anyBroken.load(std::memory_order_relaxed) != 0;
 }
 
 int ShmGroup::brokenBy() const {

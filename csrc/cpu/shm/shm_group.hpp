@@ -264,6 +264,8 @@ class ShmGroup {
   [[noreturn]] void throwTimeout(int peer, Flag which, uint32_t target) const;
   // The first other rank whose `broken` is set; -1 when none.
   int brokenBy() const;
+  // Whether this rank aborted or any rank broke the group, read relaxed: ends a spin early.
+  bool stopHint() const;
   // Throws when this rank aborted or another broke the group; the wait was for `peer`.
   void throwIfStopped(int peer) const;
   // Bumps `owner`'s wake word and wakes its sleepers (waitUntilReached's protocol).
