@@ -494,7 +494,8 @@ void ShmGroup::waitForTree(Flag which, uint32_t target, Deadline deadline) {
   // seq_cst on the first look: see checkAllPostedLater; acquire while spinning (pairs with the
   // root completer's store).
   if (reached(group.treeReached.load(std::memory_order_seq_cst), target)) return;
-  // Bounded by the deadline and cut short by abort(), as in waitUntilReached.
+  // Bounded by the deadline and cut short by this rank's abort() or a broken group, as in
+  // waitUntilReached.
   spinUntil<kYieldEvery>(std::min(deadline, Clock::now() + spin_),
                          [&] { return reached(group.treeReached.load(std::memory_order_acquire), target) || stopHint(); });
   if (reached(group.treeReached.load(std::memory_order_acquire), target)) return;
@@ -621,8 +622,9 @@ void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline 
   std::atomic<uint32_t>& word = flag(peer, which);
   // seq_cst: see checkAllPostedLater (free on x86, where every load is one).
   if (reached(word.load(std::memory_order_seq_cst), target)) return;
-  // The spin ends at the op's deadline at the latest, and at once on abort() or a broken group
-  // (stopHint; the loop below reads both with seq_cst and throws).
+  // The spin ends at the op's deadline at the latest, and at once when this rank aborted or any
+  // rank broke the group (stopHint; the loop below reads both with seq_cst and throws). A peer's
+  // abort() is seen by the loop's look at the peer (throwIfPeerGone), after the first slice.
   spinUntil<kYieldEvery>(std::min(deadline, Clock::now() + spin_),
                          [&] { return reached(word.load(std::memory_order_acquire), target) || stopHint(); });
   if (reached(word.load(std::memory_order_acquire), target)) return;
