@@ -6,6 +6,8 @@
   enqueue). An async op still returns at once while a peer is late, on every path.
 * A small TCP transfer retries its sockets for DDPLITE_TCP_SPIN_US before it sleeps in poll():
   no result depends on it, and a peer that dies is still reported at once.
+* A TCP send() hands the kernel at most DDPLITE_TCP_SEND_CHUNK_BYTES: no result depends on it,
+  down to sends that split elements and headers' payloads at odd offsets.
 """
 
 import time
@@ -94,6 +96,14 @@ def _collectives_against_closed_forms(rank, world_size):
             dist.all_gather(gathered, base + rank)
             if any(not torch.equal(g, base + r) for r, g in enumerate(gathered)):
                 failures.append(f"all_gather {dtype} {count}")
+            # point to point around the ring (both ways on one socket at 2 ranks)
+            received = torch.full_like(base, -1)
+            requests = [dist.isend(base * (rank + 1), (rank + 1) % world_size),
+                        dist.irecv(received, (rank - 1) % world_size)]
+            for request in requests:
+                request.wait()
+            if not torch.equal(received, base * ((rank - 1) % world_size + 1)):
+                failures.append(f"send/recv {dtype} {count}")
     dist.barrier(group=gloo)
     return failures
 
@@ -104,6 +114,20 @@ def test_tcp_results_do_not_depend_on_the_spin(spin_us, world_size):
     """0: every wait sleeps in poll() at once; 100000: waits of small transfers spin to the end."""
     results = run_ranks(_collectives_against_closed_forms, world_size,
                         env={"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_TCP_SPIN_US": spin_us})
+    assert results == [[]] * world_size, results
+
+
+@pytest.mark.parametrize("chunk_bytes", ["0", "4099"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_tcp_results_do_not_depend_on_the_send_chunk(chunk_bytes, world_size):
+    """0: one send() per remaining buffer; 4099: sends that end mid-element (every dtype's size
+    divides 4096, not 4099), so a receive completes elements from two sends; with 64 KiB socket
+    buffers, which the largest messages (280 and 560 KB) fill, so the kernel also takes less than a
+    send() offers (short writes, then EAGAIN): the cursor must advance by what the kernel took."""
+    env = {"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_TCP_SEND_CHUNK_BYTES": chunk_bytes}
+    if chunk_bytes != "0":
+        env["DDPLITE_SOCKET_BUFFER_BYTES"] = "65536"
+    results = run_ranks(_collectives_against_closed_forms, world_size, env=env)
     assert results == [[]] * world_size, results
 
 

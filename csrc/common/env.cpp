@@ -33,6 +33,7 @@ constexpr const char* kShmChunkBytes = "DDPLITE_SHM_CHUNK_BYTES";
 constexpr const char* kShmInlineBytes = "DDPLITE_SHM_INLINE_BYTES";
 constexpr const char* kTcpSpinUs = "DDPLITE_TCP_SPIN_US";
 constexpr const char* kShmSpinUs = "DDPLITE_SHM_SPIN_US";
+constexpr const char* kTcpSendChunkBytes = "DDPLITE_TCP_SEND_CHUNK_BYTES";
 constexpr const char* kSyncOnCaller = "DDPLITE_SYNC_ON_CALLER";
 constexpr const char* kRailsBytes = "DDPLITE_RAILS_BYTES";
 constexpr const char* kCpuKernels = "DDPLITE_CPU_KERNELS";
@@ -65,6 +66,9 @@ constexpr int64_t kDefaultTcpSpinUs = 50;
 constexpr int64_t kMaximumTcpSpinUs = 100000;
 constexpr int64_t kDefaultShmSpinUs = 50;
 constexpr int64_t kMaximumShmSpinUs = 100000;
+constexpr int64_t kDefaultTcpSendChunkBytes = 32 << 10;
+constexpr int64_t kMinimumTcpSendChunkBytes = 4096;
+constexpr int64_t kMaximumTcpSendChunkBytes = int64_t{1} << 30;
 constexpr int64_t kDefaultRailsBytes = 2 << 20;
 constexpr int64_t kDefaultTraceBufferSize = 2000;
 constexpr int64_t kMaximumTraceBufferSize = 1000000;
@@ -136,6 +140,23 @@ int64_t readBytes(const char* name, int64_t fallback, int64_t minimum, int64_t m
   return parsed;
 }
 
+// DDPLITE_TCP_SEND_CHUNK_BYTES: 0 (no limit) or [kMinimumTcpSendChunkBytes, kMaximumTcpSendChunkBytes];
+// a cap of a few bytes would turn a large transfer into a syscall per few bytes.
+int64_t readTcpSendChunkBytes() {
+  const char* value = rawValue(kTcpSendChunkBytes);
+  if (value == nullptr) return kDefaultTcpSendChunkBytes;
+  char* end = nullptr;
+  errno = 0;
+  const long long parsed = std::strtoll(value, &end, 10);
+  if (end == value || *end != '\0' || errno == ERANGE || parsed < 0 || parsed > kMaximumTcpSendChunkBytes ||
+      (parsed > 0 && parsed < kMinimumTcpSendChunkBytes)) {
+    invalid(kTcpSendChunkBytes, value,
+            strCat("use 0 (no limit) or a whole number of bytes >= ", kMinimumTcpSendChunkBytes, " and <= ",
+                   kMaximumTcpSendChunkBytes, " (the default is ", kDefaultTcpSendChunkBytes, ")"));
+  }
+  return parsed;
+}
+
 }  // namespace
 
 const std::vector<Knob>& allKnobs() {
@@ -182,6 +203,11 @@ const std::vector<Knob>& allKnobs() {
               "yielding the CPU between tries, before it sleeps in poll(); only for transfers of at most ",
               kTcpSpinMaxBytes >> 10, " KiB. The wake-up it saves is most of a small message's time between "
               "hosts. 0: always sleep at once (0 to ", kMaximumTcpSpinUs, ")")},
+      {kTcpSendChunkBytes, std::to_string(kDefaultTcpSendChunkBytes),
+       strCat("TCP transport: the most bytes one send() hands the kernel. The kernel holds the socket's lock for "
+              "a whole send(), so a large one stalls the bytes and acknowledgements coming the other way (a "
+              "2-rank all_reduce sends both ways on one socket). 0: the whole remaining buffer per send() "
+              "(0, or ", kMinimumTcpSendChunkBytes, " to ", kMaximumTcpSendChunkBytes, "). Read when a group is created")},
       {kRailsBytes, std::to_string(kDefaultRailsBytes),
        "Across hosts: an all_reduce of at least this many bytes runs on rails, every rank of a host carrying "
        "its share of the data between hosts (reduce-scatter in the host's segment, one all_reduce per rail "
@@ -276,6 +302,7 @@ void validateAll() {
   readBytes(kShmInlineBytes, kDefaultShmInlineBytes, 0, kMaximumShmChunkBytes);
   readBytes(kTcpSpinUs, kDefaultTcpSpinUs, 0, kMaximumTcpSpinUs, "microseconds");
   readBytes(kShmSpinUs, kDefaultShmSpinUs, 0, kMaximumShmSpinUs, "microseconds");
+  readTcpSendChunkBytes();
   readChoice(kFingerprint, kSwitch);
   readChoice(kSyncOnCaller, kSwitch);
   readBytes(kRailsBytes, kDefaultRailsBytes, 0);
@@ -344,6 +371,10 @@ int64_t shmInlineBytes() {
 
 std::chrono::microseconds tcpSpin() {
   return std::chrono::microseconds(readBytes(kTcpSpinUs, kDefaultTcpSpinUs, 0, kMaximumTcpSpinUs, "microseconds"));
+}
+
+size_t tcpSendChunkBytes() {
+  return static_cast<size_t>(readTcpSendChunkBytes());
 }
 
 std::chrono::microseconds shmSpin() {

@@ -74,6 +74,11 @@ bool syncOpsOnCaller();
 inline constexpr size_t kTcpSpinMaxBytes = 256 << 10;
 std::chrono::microseconds tcpSpin();
 
+// DDPLITE_TCP_SEND_CHUNK_BYTES: the most bytes one send() of the TCP transport hands the kernel
+// (0: the whole remainder). Read each time (a transport reads it when it is created); throws
+// std::invalid_argument naming the knob for a bad value.
+size_t tcpSendChunkBytes();
+
 // DDPLITE_SHM_SPIN_US: how long a shared-memory wait spins (yielding every 64 pauses) before it
 // sleeps on a futex, in a group of at most two ranks per CPU (0, and beyond: after 64 pauses). Read each time (a group reads it when
 // it is created); throws std::invalid_argument naming the knob for a bad value.

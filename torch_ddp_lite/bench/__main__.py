@@ -37,7 +37,8 @@ def common_options():
                              "the hosts' leaders, or flat over TCP); ddplite-handoff hands every op to the worker "
                              "thread and sleeps in poll() at once on TCP (DDPLITE_SYNC_ON_CALLER=0, "
                              "DDPLITE_TCP_SPIN_US=0); ddplite-leaders carries every all_reduce across hosts "
-                             "through the hosts' leaders, never on rails (DDPLITE_RAILS_BYTES=0); memcpy is the "
+                             "through the hosts' leaders, never on rails (DDPLITE_RAILS_BYTES=0); ddplite-wholesend hands "
+                             "the kernel a whole buffer per send() on TCP (DDPLITE_TCP_SEND_CHUNK_BYTES=0); memcpy is the "
                              "reference: every rank copies the same bytes between two of its own buffers at once "
                              "(algbw = busbw = bytes / time)")
     parser.add_argument("--world-size", type=int, default=2,
@@ -114,7 +115,8 @@ def known_backends(device):
     import torch_ddp_lite
 
     known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-shm", "ddplite-unchecked", "ddplite-generic", "ddplite-flat",
-             "ddplite-tree", "ddplite-ondemand", "ddplite-atinit", "ddplite-handoff", "ddplite-leaders", MEMCPY]
+             "ddplite-tree", "ddplite-ondemand", "ddplite-atinit", "ddplite-handoff", "ddplite-leaders",
+             "ddplite-wholesend", MEMCPY]
     if torch_ddp_lite.build_info()["mpi"]:
         known.append("ddplite-mpi")
     if dist.is_mpi_available():

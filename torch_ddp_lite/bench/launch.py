@@ -118,6 +118,8 @@ def _share_cores(world_size):
 BACKEND_VARIANTS = {
     "ddplite-leaders": ("ddplite", {"DDPLITE_RAILS_BYTES": "0"}),
     "ddplite-handoff": ("ddplite", {"DDPLITE_SYNC_ON_CALLER": "0", "DDPLITE_TCP_SPIN_US": "0"}),
+    # one send() per remaining buffer (the TCP transport before DDPLITE_TCP_SEND_CHUNK_BYTES)
+    "ddplite-wholesend": ("ddplite", {"DDPLITE_TCP_SEND_CHUNK_BYTES": "0"}),
     "ddplite-mpi": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "mpi"}),
     "ddplite-tcp": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "tcp"}),
     "ddplite-shm": ("ddplite", {"DDPLITE_CPU_TRANSPORT": "shm"}),

@@ -234,6 +234,7 @@ TcpTransport::TcpTransport(int rank, int size, bool checkFingerprints)
       fds_(new std::atomic<int>[static_cast<size_t>(size)]),
       addresses_(size),
       spin_(env::tcpSpin()),
+      sendChunk_(env::tcpSendChunkBytes()),
       checkFingerprints_(checkFingerprints),
       sendHeaderDue_(size, 0),
       recvHeaderDue_(size, 0),
@@ -769,7 +770,8 @@ bool TcpTransport::peekWaitingHeader(int peer, WireHeader* header) {
 size_t TcpTransport::sendSome(int peer, const void* data, size_t bytes, Deadline connectBy) {
   ensureConnected(peer, connectBy);
   while (true) {
-    const ssize_t n = ::send(fdOf(peer), data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const size_t most = sendChunk_ == 0 ? bytes : std::min(bytes, sendChunk_);
+    const ssize_t n = ::send(fdOf(peer), data, most, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n >= 0) return static_cast<size_t>(n);
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
@@ -888,7 +890,8 @@ bool TcpTransport::trySend(Progress& progress) {
     const char* headerCursor = reinterpret_cast<const char*>(progress.header) + progress.headerDone;
     ssize_t n;
     if (headerLeft == 0) {
-      n = ::send(fdOf(progress.peer), progress.cursor, progress.left, MSG_NOSIGNAL);
+      const size_t bytes = sendChunk_ == 0 ? progress.left : std::min(progress.left, sendChunk_);
+      n = ::send(fdOf(progress.peer), progress.cursor, bytes, MSG_NOSIGNAL);
     } else if (progress.left <= kCoalesceBytes) {
       char joined[sizeof(WireHeader) + kCoalesceBytes];
       std::memcpy(joined, headerCursor, headerLeft);

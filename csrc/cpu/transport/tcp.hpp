@@ -14,6 +14,12 @@
 // common case for small messages costs one syscall); when the kernel would block, a transfer of
 // at most env::kTcpSpinMaxBytes retries for DDPLITE_TCP_SPIN_US (yielding between tries), then
 // it sleeps in poll(), which wakes at least every kPollSliceMs to notice abort() and deadlines.
+// One send() hands the kernel at most DDPLITE_TCP_SEND_CHUNK_BYTES (32 KiB): the kernel owns the
+// socket's lock through a whole send(), and what the peer sends the other way on the same socket
+// (its bytes, and the acknowledgements that open this side's window) waits in the socket's backlog
+// until the call ends. A 2-rank all_reduce sends both ways on one socket: whole-buffer sends made
+// it 1.6-1.9x slower from 1 to 64 MB between two namespace hosts, 1.2-1.35x at 4 hosts x 2 ranks
+// (docs/benchmarks.md, "Across hosts").
 //
 // Fingerprints (fingerprint.hpp): once armed by beginCollective, the first message to each peer
 // goes out with its header in front (in one send up to 4 KB, with MSG_MORE above), and the first
@@ -80,7 +86,7 @@ class TcpTransport final : public Transport {
 
   // For a progress thread that drives an unarmed mesh itself (the P2pEngine's socket links):
   // `peer`'s socket (non-blocking), to poll on; and moves of what the kernel takes or holds now,
-  // at most `bytes`, returning how many (0: none now). They throw TransportError kPeerClosed at
+  // at most `bytes` (a send at most DDPLITE_TCP_SEND_CHUNK_BYTES), returning how many (0: none now). They throw TransportError kPeerClosed at
   // the end of the stream or a reset, kAborted after abort(), kIo on any other error.
   // -1 while an on-demand pair is not connected (poll() skips it). sendSome connects first (up to
   // `connectBy`); recvSome returns 0 until the peer has connected.
@@ -195,6 +201,9 @@ class TcpTransport final : public Transport {
   // mesh, used by several threads at once, is never armed, so its transfers never touch it.
   // How long a small transfer retries its sockets before it sleeps in poll() (transfer()).
   const std::chrono::microseconds spin_;
+  // The most bytes one send() hands the kernel (DDPLITE_TCP_SEND_CHUNK_BYTES; 0: no limit): the
+  // kernel holds the socket's lock through a send(), and the peer's bytes on the same socket wait.
+  const size_t sendChunk_;
   const bool checkFingerprints_;
   bool armed_ = false;
   Fingerprint fingerprint_;
