@@ -173,6 +173,8 @@ BAD_KNOB_VALUES = [
     ("DDPLITE_SHM_SPIN_US", "100001", "use a whole number of microseconds >= 0 and <= 100000 (the default is 50)"),
     ("DDPLITE_TCP_SEND_CHUNK_BYTES", "32k", "use 0 (no limit) or a whole number of bytes >= 4096 and <= 1073741824 (the default is 32768)"),
     ("DDPLITE_TCP_SEND_CHUNK_BYTES", "100", "use 0 (no limit) or a whole number of bytes >= 4096 and <= 1073741824 (the default is 32768)"),
+    ("DDPLITE_TCP_SEND_CHUNK_BYTES", "4095", "use 0 (no limit) or a whole number of bytes >= 4096 and <= 1073741824 (the default is 32768)"),
+    ("DDPLITE_TCP_SEND_CHUNK_BYTES", "1073741825", "use 0 (no limit) or a whole number of bytes >= 4096 and <= 1073741824 (the default is 32768)"),
     ("DDPLITE_RAILS_BYTES", "2M", "use a whole number of bytes >= 0 (the default is 2097152)"),
     ("DDPLITE_SHM_SYNC", "star", "use one of: auto (the default), flat, tree"),
     ("DDPLITE_SHM_TREE_FANIN", "1", "use a whole number of arrivals >= 2 and <= 64 (the default is 8)"),

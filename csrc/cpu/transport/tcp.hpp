@@ -17,9 +17,9 @@
 // One send() hands the kernel at most DDPLITE_TCP_SEND_CHUNK_BYTES (32 KiB): the kernel owns the
 // socket's lock through a whole send(), and what the peer sends the other way on the same socket
 // (its bytes, and the acknowledgements that open this side's window) waits in the socket's backlog
-// until the call ends. A 2-rank all_reduce sends both ways on one socket: whole-buffer sends made
-// it 1.6-1.9x slower from 1 to 64 MB between two namespace hosts, 1.2-1.35x at 4 hosts x 2 ranks
-// (docs/benchmarks.md, "Across hosts").
+// until the call ends (Linux lets it in every 16 new socket buffers of a send(), about 1 MB here). A 2-rank all_reduce sends both ways on one socket: whole-buffer sends made
+// it 1.6-1.9x slower from 1 to 64 MB between two namespace hosts, 1.2-1.35x at 4 hosts x 2 ranks,
+// in one run (docs/benchmarks.md, "Across hosts").
 //
 // Fingerprints (fingerprint.hpp): once armed by beginCollective, the first message to each peer
 // goes out with its header in front (in one send up to 4 KB, with MSG_MORE above), and the first
