@@ -3,14 +3,16 @@
     python scripts/scale_model.py [--net-alpha-us 10] [--net-gbps 3] [--host-cores 64] \
         [--host-mem-gbps 100] [--shm-line-us 0.1] [--json out.json]
 
-Runs no benchmark. It fits constants on rows already in docs/data (the 2-core VM), checks the model
+Runs no benchmark. It fits constants on rows already in docs/data (the 2-core VM; FIT_* below, the
+commands in docs/scale.md), checks the model
 against rows it did not fit on, predicts 1,024 (16 hosts x 64) and 8,192 (128 x 64) ranks, and
 counts per-rank threads, descriptors, shared memory and start-up store calls from the code's
 structure. The --net-* and --host-* values are assumptions: there is no network or big host here.
 
 Per path (S bytes, P ranks; L per host, H hosts; x = processes per core):
   shared memory:  t = syncs(S) σ + bytes read and written x β_mem (per core; capped by the host)
-                  σ = A_shm + w_shm (x - 1) when x > 1 (wake-ups), else A_shm + lines t_line:
+                  σ = A_shm + w_shm (x - 1) when x > 1 (wake-ups; w_shm spinning up to 2 ranks per CPU
+                  in the group, w_shm_sleep past it), else A_shm + lines t_line:
                   lines = L - 2 flat (2 ranks), k ceil(log_k L) through the arrival tree (3 ranks on)
   TCP (selector): butterfly up to 128 KiB at 2 ranks, 16 KiB at 3-7, 8 KiB x P (<= 512 KiB) from 8: log2 p2
                   steps of S (+2 folds);
@@ -37,9 +39,15 @@ SHM_CHUNK = 512 * KIB     # DDPLITE_SHM_CHUNK_BYTES default (csrc/common/env.cpp
 SHM_SMALL = 16 * KIB      # shm allreduce reduces all P buffers up to here (csrc/cpu/shm/allreduce.cpp)
 SHM_FLAT_UP_TO = 2        # DDPLITE_SHM_SYNC=auto: flat waits up to here, the arrival tree above (env.cpp)
 SHM_TREE_FAN_IN = 8       # DDPLITE_SHM_TREE_FANIN default
+SHM_SPIN_RANKS_PER_CPU = 2  # a group's steps spin up to this many ranks per CPU, sleep past it (shm_group.cpp)
 RING_SEGMENT = 256 * KIB  # DDPLITE_RING_SEGMENT_BYTES default
+RAILS_FROM = 2 * MIB      # DDPLITE_RAILS_BYTES default (env.cpp)
 SIZES = (8, 64 * KIB, 16 * MIB)
 LAYOUTS = ((16, 64), (128, 64))  # (hosts, ranks per host)
+# the rows the constants are fitted on: one host, this build's paths (docs/scale.md names the commands)
+FIT_TWO_RANKS = ("scale/fit_2ranks.json",)                        # 2 ranks, 8 B-64 MB
+FIT_FEW_RANKS = ("scale/fit_3ranks.json", "scale/fit_4ranks.json")  # 8 B at 3 and 4 ranks (+ checks above)
+FIT_SLEEPING = ("shm_auto_3ranks.json", "shm_auto_4ranks.json")    # the same, when those groups slept (11-23)
 
 
 def bench_module(name):
@@ -64,6 +72,14 @@ def rows(*names):
             data = json.load(handle)
         out += data if isinstance(data, list) else data["rows"]  # bench rows, or scale_probe's {"rows": ...}
     return out
+
+
+def crosshost_rows(name, backend):
+    """(hosts, ranks per host, bytes, seconds) of one backend in a crosshost_bench.py json."""
+    with open(os.path.join(ROOT, "docs", "data", name)) as handle:
+        layouts = json.load(handle)["layouts"]
+    return [(*map(int, layout["layout"].split("x")), int(size), us / 1e6)
+            for layout in layouts for size, us in sorted(layout["bench"][backend].items(), key=lambda kv: int(kv[0]))]
 
 
 def measured(table, backend, ranks, nbytes=8):
@@ -134,19 +150,25 @@ def fit_relative(design, seconds):
 
 
 def fit_constants():
-    two = rows("shm_auto_2ranks.json", "shm_auto_2ranks_large.json")
+    two = rows(*FIT_TWO_RANKS)
     series = lambda backend: zip(*sorted((r["bytes"], r["time_us"] / 1e6) for r in two  # noqa: E731
                                          if r["op"] == "all_reduce" and r["backend"] == backend))
-    few = rows("shm_auto_3ranks.json", "shm_auto_4ranks.json")
+    few = rows(*FIT_FEW_RANKS)
     shm = fit.fit_series("all_reduce", 2, *series("ddplite"))  # busbw = algbw at 2 ranks
     c = {"A_shm_us": shm["A_us"], "beta_mem_ns": 1 / shm["busbw_inf"] / 5.5,  # 2 ranks move 5.5 S each
          "shm_fit_residual": shm["median_residual"]}
     sizes, seconds = series("ddplite-tcp")
     (o, alpha, beta), residual = fit_relative([[1, tcp_plan(s, 2)[0], s] for s in sizes], seconds)
+    if alpha < 0:  # a step's latency not separable from o and β at 2 ranks (one butterfly step; ring steps ∝ S)
+        (o, beta), residual = fit_relative([[1, s] for s in sizes], seconds)
+        alpha = 0.0
     c.update(o_tcp_us=o * 1e6, alpha_tcp_us=alpha * 1e6, beta_tcp_ns=beta * 1e9, tcp_fit_residual=residual)
-    # wake-ups: 8 B at 3 and 4 ranks on the 2 cores (x - 1 = 0.5 and 1)
-    wake = [(p / 2 - 1, measured(few, "ddplite", p) - shm["A_us"] * 1e-6) for p in (3, 4)]
-    c["w_shm_us"] = fit_relative([[u] for u, _ in wake], [d for _, d in wake])[0][0] * 1e6
+    # wake-ups: 8 B at 3 and 4 ranks on the 2 cores (x - 1 = 0.5 and 1); these groups spin today, and
+    # slept per step in the build of FIT_SLEEPING (a group past SHM_SPIN_RANKS_PER_CPU still does)
+    def wake_us(table):
+        wake = [(p / 2 - 1, measured(table, "ddplite", p) - shm["A_us"] * 1e-6) for p in (3, 4)]
+        return fit_relative([[u] for u, _ in wake], [d for _, d in wake])[0][0] * 1e6
+    c["w_shm_us"], c["w_shm_sleep_us"] = wake_us(few), wake_us(rows(*FIT_SLEEPING))
     # TCP from the 4-rank point only (2 swaps); at 3 ranks two of the 3 steps are one-way folds
     c["w_tcp_us"] = (measured(few, "ddplite-tcp", 4) - o - 2 * alpha) / 2 * 1e6
     return c
@@ -156,8 +178,9 @@ def fit_constants():
 
 def sync_s(c, host, ranks):
     x = host["procs"] / host["cores"]
-    if x > 1:
-        return (c["A_shm_us"] + c["w_shm_us"] * (x - 1)) * 1e-6
+    if x > 1:  # the group's size picks spinning or sleeping (shm_group.cpp); all processes on the cores, the cost
+        wake = c["w_shm_us"] if ranks <= SHM_SPIN_RANKS_PER_CPU * host["cores"] else c["w_shm_sleep_us"]
+        return (c["A_shm_us"] + wake * (x - 1)) * 1e-6
     levels = tree_levels(ranks)
     lines = levels * min(SHM_TREE_FAN_IN, ranks) if levels else max(0, ranks - 2)  # k arrivals share a line
     return (c["A_shm_us"] + lines * host["line_us"]) * 1e-6
@@ -221,7 +244,7 @@ def fitted_net(c):  # β_tcp includes the reduction (γ)
 
 def checks(c):
     """(case, predicted s, measured s) for rows the fit did not use."""
-    few, probe = rows("shm_auto_3ranks.json", "shm_auto_4ranks.json"), rows("scale/probe_after.json")
+    few, probe = rows(*FIT_FEW_RANKS), rows("scale/probe_after.json")
     two_by_two, net = rows("hierarchical_2x2.json"), fitted_net(c)
     flat = lambda s, p, x: c["o_tcp_us"] * 1e-6 + tcp_allreduce_s(c, net, s, p, x)  # noqa: E731
     out = [(f"shm, {p} ranks, {format_size(s)}", shm_allreduce_s(c, vm(p), s, p), measured(few, "ddplite", p, s))
@@ -260,6 +283,16 @@ def checks(c):
                         measured(timed, "ddplite", p, s)))
             out.append((f"hierarchical (leaders) {hosts}x2, {format_size(s)}",
                         hierarchical_s(c, vm(p), net, s, hosts, 2)[0], measured(timed, "ddplite-leaders", p, s)))
+    # across namespace hosts under mpirun with 32 KiB sends (crosshost_bench.py, 2026-11-30): 2x1 is flat
+    # TCP between the two hosts; 4x2 and 8x2 take the leaders below DDPLITE_RAILS_BYTES, rails from it
+    for name in ("crosshost/send_chunk.json", "crosshost/send_chunk_8x2.json"):
+        if not os.path.exists(os.path.join(ROOT, "docs", "data", name)):
+            continue
+        for hosts, per_host, s, real in crosshost_rows(name, "ddplite"):
+            p, path = hosts * per_host, "flat TCP" if per_host == 1 else "rails" if s >= RAILS_FROM else "hierarchical"
+            model = (flat(s, p, p / 2) if per_host == 1 else rails_s(c, vm(p), net, s, hosts, per_host)[0]
+                     if s >= RAILS_FROM else hierarchical_s(c, vm(p), net, s, hosts, per_host)[0])
+            out.append((f"{path} {hosts}x{per_host}, {format_size(s)} (mpirun, 32 KiB sends)", model, real))
     # 64 on 2 cores; the run after the selector took butterfly up to 8 KiB x P (2026-11-26)
     if os.path.exists(os.path.join(ROOT, "docs", "data", "scale", "hosts_16x4_allreduce_on_demand.json")):
         sixteen = rows("scale/hosts_16x4_allreduce_on_demand.json")
@@ -407,13 +440,14 @@ def resources(ranks, per_host):
 
 UNITS = {"A_shm_us": "us per op: 2-rank shm all_reduce, one sync, spinning (bench.fit intercept)",
          "beta_mem_ns": "ns per byte read or written, per core (2-rank shm slope / 5.5)",
-         "w_shm_us": "us per sync per extra process per core (shm, 8 B, 3-4 ranks on 2 cores)",
-         "o_tcp_us": "us per op over TCP: hand-offs to the worker and back (2 ranks)",
+         "w_shm_us": "us per sync per extra process per core, spinning (shm, 8 B, 3-4 ranks on 2 cores)",
+         "w_shm_sleep_us": "the same, sleeping: past 2 ranks per CPU (3-4 ranks, the build before the spin)",
+         "o_tcp_us": "us per op over TCP: torch's call and the op's set-up (2 ranks; small ops on the caller)",
          "alpha_tcp_us": "us per TCP step, loopback (2 ranks)",
          "beta_tcp_ns": "ns per byte sent over TCP, reduction included (2 ranks)",
          "w_tcp_us": "us per TCP step per extra process per core (TCP, 8 B, 4 ranks on 2 cores)",
-         "shm_fit_residual": "median relative residual, 2-rank shm fit (10 rows, 8 B-64 MB)",
-         "tcp_fit_residual": "median relative residual, 2-rank TCP fit of o, α, β (10 rows)"}
+         "shm_fit_residual": "median relative residual, 2-rank shm fit (9 sizes, 8 B-64 MB)",
+         "tcp_fit_residual": "median relative residual, 2-rank TCP fit of o, α, β (9 sizes)"}
 
 
 def text(seconds):
