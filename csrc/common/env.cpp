@@ -125,14 +125,20 @@ int readChoice(const char* name, std::initializer_list<const char*> choices) {
 }
 
 // A whole decimal number of `unit` (bytes unless said) in [minimum, maximum]; `fallback` when unset.
+// Whether all of `value` is one whole decimal number that fits a long long; stored in *parsed.
+bool parseWhole(const char* value, long long* parsed) {
+  char* end = nullptr;
+  errno = 0;
+  *parsed = std::strtoll(value, &end, 10);
+  return end != value && *end == '\0' && errno != ERANGE;
+}
+
 int64_t readBytes(const char* name, int64_t fallback, int64_t minimum, int64_t maximum = INT64_MAX,
                   const char* unit = "bytes") {
   const char* value = rawValue(name);
   if (value == nullptr) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  const long long parsed = std::strtoll(value, &end, 10);
-  if (end == value || *end != '\0' || errno == ERANGE || parsed < minimum || parsed > maximum) {
+  long long parsed = 0;
+  if (!parseWhole(value, &parsed) || parsed < minimum || parsed > maximum) {
     invalid(name, value,
             strCat("use a whole number of ", unit, " >= ", minimum, maximum < INT64_MAX ? strCat(" and <= ", maximum) : "",
                    " (the default is ", fallback, ")"));
@@ -145,10 +151,8 @@ int64_t readBytes(const char* name, int64_t fallback, int64_t minimum, int64_t m
 int64_t readTcpSendChunkBytes() {
   const char* value = rawValue(kTcpSendChunkBytes);
   if (value == nullptr) return kDefaultTcpSendChunkBytes;
-  char* end = nullptr;
-  errno = 0;
-  const long long parsed = std::strtoll(value, &end, 10);
-  if (end == value || *end != '\0' || errno == ERANGE || parsed < 0 || parsed > kMaximumTcpSendChunkBytes ||
+  long long parsed = 0;
+  if (!parseWhole(value, &parsed) || parsed < 0 || parsed > kMaximumTcpSendChunkBytes ||
       (parsed > 0 && parsed < kMinimumTcpSendChunkBytes)) {
     invalid(kTcpSendChunkBytes, value,
             strCat("use 0 (no limit) or a whole number of bytes >= ", kMinimumTcpSendChunkBytes, " and <= ",

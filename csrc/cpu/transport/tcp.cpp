@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -224,6 +225,12 @@ std::string unreachableHint() {
          "^docker,lo) on every rank";
 }
 
+// DDPLITE_TCP_SEND_CHUNK_BYTES as the bound of std::min: its 0 (no limit) is SIZE_MAX.
+size_t sendCap() {
+  const size_t bytes = env::tcpSendChunkBytes();
+  return bytes == 0 ? SIZE_MAX : bytes;
+}
+
 }  // namespace tcp_detail
 
 using namespace tcp_detail;
@@ -234,7 +241,7 @@ TcpTransport::TcpTransport(int rank, int size, bool checkFingerprints)
       fds_(new std::atomic<int>[static_cast<size_t>(size)]),
       addresses_(size),
       spin_(env::tcpSpin()),
-      sendChunk_(env::tcpSendChunkBytes()),
+      sendChunk_(sendCap()),
       checkFingerprints_(checkFingerprints),
       sendHeaderDue_(size, 0),
       recvHeaderDue_(size, 0),
@@ -770,8 +777,7 @@ bool TcpTransport::peekWaitingHeader(int peer, WireHeader* header) {
 size_t TcpTransport::sendSome(int peer, const void* data, size_t bytes, Deadline connectBy) {
   ensureConnected(peer, connectBy);
   while (true) {
-    const size_t most = sendChunk_ == 0 ? bytes : std::min(bytes, sendChunk_);
-    const ssize_t n = ::send(fdOf(peer), data, most, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = ::send(fdOf(peer), data, std::min(bytes, sendChunk_), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n >= 0) return static_cast<size_t>(n);
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
@@ -890,8 +896,7 @@ bool TcpTransport::trySend(Progress& progress) {
     const char* headerCursor = reinterpret_cast<const char*>(progress.header) + progress.headerDone;
     ssize_t n;
     if (headerLeft == 0) {
-      const size_t bytes = sendChunk_ == 0 ? progress.left : std::min(progress.left, sendChunk_);
-      n = ::send(fdOf(progress.peer), progress.cursor, bytes, MSG_NOSIGNAL);
+      n = ::send(fdOf(progress.peer), progress.cursor, std::min(progress.left, sendChunk_), MSG_NOSIGNAL);
     } else if (progress.left <= kCoalesceBytes) {
       char joined[sizeof(WireHeader) + kCoalesceBytes];
       std::memcpy(joined, headerCursor, headerLeft);

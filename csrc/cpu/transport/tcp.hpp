@@ -201,8 +201,9 @@ class TcpTransport final : public Transport {
   // mesh, used by several threads at once, is never armed, so its transfers never touch it.
   // How long a small transfer retries its sockets before it sleeps in poll() (transfer()).
   const std::chrono::microseconds spin_;
-  // The most bytes one send() hands the kernel (DDPLITE_TCP_SEND_CHUNK_BYTES; 0: no limit): the
-  // kernel holds the socket's lock through a send(), and the peer's bytes on the same socket wait.
+  // The most bytes one send() hands the kernel (DDPLITE_TCP_SEND_CHUNK_BYTES; SIZE_MAX for its 0,
+  // no limit): the kernel holds the socket's lock through a send(), and the peer's bytes on the
+  // same socket wait.
   const size_t sendChunk_;
   const bool checkFingerprints_;
   bool armed_ = false;
