@@ -48,6 +48,7 @@ LAYOUTS = ((16, 64), (128, 64))  # (hosts, ranks per host)
 FIT_TWO_RANKS = ("scale/fit_2ranks.json",)                        # 2 ranks, 8 B-64 MB
 FIT_FEW_RANKS = ("scale/fit_3ranks.json", "scale/fit_4ranks.json")  # 8 B at 3 and 4 ranks (+ checks above)
 FIT_SLEEPING = ("shm_auto_3ranks.json", "shm_auto_4ranks.json")    # the same, when those groups slept (11-23)
+FIT_SLEEPING_TWO_RANKS = ("shm_auto_2ranks.json", "shm_auto_2ranks_large.json")  # that build at 2 ranks
 
 
 def bench_module(name):
@@ -78,8 +79,8 @@ def crosshost_rows(name, backend):
     """(hosts, ranks per host, bytes, seconds) of one backend in a crosshost_bench.py json."""
     with open(os.path.join(ROOT, "docs", "data", name)) as handle:
         layouts = json.load(handle)["layouts"]
-    return [(*map(int, layout["layout"].split("x")), int(size), us / 1e6)
-            for layout in layouts for size, us in sorted(layout["bench"][backend].items(), key=lambda kv: int(kv[0]))]
+    return [(*map(int, layout["layout"].split("x")), int(size), us / 1e6) for layout in layouts
+            for size, us in sorted(layout["bench"].get(backend, {}).items(), key=lambda kv: int(kv[0]))]
 
 
 def measured(table, backend, ranks, nbytes=8):
@@ -165,10 +166,14 @@ def fit_constants():
     c.update(o_tcp_us=o * 1e6, alpha_tcp_us=alpha * 1e6, beta_tcp_ns=beta * 1e9, tcp_fit_residual=residual)
     # wake-ups: 8 B at 3 and 4 ranks on the 2 cores (x - 1 = 0.5 and 1); these groups spin today, and
     # slept per step in the build of FIT_SLEEPING (a group past SHM_SPIN_RANKS_PER_CPU still does)
-    def wake_us(table):
-        wake = [(p / 2 - 1, measured(table, "ddplite", p) - shm["A_us"] * 1e-6) for p in (3, 4)]
+    def wake_us(table, a_shm_us):
+        wake = [(p / 2 - 1, measured(table, "ddplite", p) - a_shm_us * 1e-6) for p in (3, 4)]
         return fit_relative([[u] for u, _ in wake], [d for _, d in wake])[0][0] * 1e6
-    c["w_shm_us"], c["w_shm_sleep_us"] = wake_us(few), wake_us(rows(*FIT_SLEEPING))
+    then = rows(*FIT_SLEEPING_TWO_RANKS)  # that build's own A_shm
+    then_shm = fit.fit_series("all_reduce", 2, *zip(*sorted((r["bytes"], r["time_us"] / 1e6) for r in then
+                                                            if r["op"] == "all_reduce" and r["backend"] == "ddplite")))
+    c["w_shm_us"] = wake_us(few, shm["A_us"])
+    c["w_shm_sleep_us"] = wake_us(rows(*FIT_SLEEPING), then_shm["A_us"])
     # TCP from the 4-rank point only (2 swaps); at 3 ranks two of the 3 steps are one-way folds
     c["w_tcp_us"] = (measured(few, "ddplite-tcp", 4) - o - 2 * alpha) / 2 * 1e6
     return c
@@ -178,8 +183,9 @@ def fit_constants():
 
 def sync_s(c, host, ranks):
     x = host["procs"] / host["cores"]
-    if x > 1:  # the group's size picks spinning or sleeping (shm_group.cpp); all processes on the cores, the cost
-        wake = c["w_shm_us"] if ranks <= SHM_SPIN_RANKS_PER_CPU * host["cores"] else c["w_shm_sleep_us"]
+    if x > 1:  # the group's size picks spinning or sleeping (shm_group.cpp); x, all processes per core, the cost
+        spins = ranks <= host.get("spin_ranks_per_cpu", SHM_SPIN_RANKS_PER_CPU) * host["cores"]
+        wake = c["w_shm_us"] if spins else c["w_shm_sleep_us"]
         return (c["A_shm_us"] + wake * (x - 1)) * 1e-6
     levels = tree_levels(ranks)
     lines = levels * min(SHM_TREE_FAN_IN, ranks) if levels else max(0, ranks - 2)  # k arrivals share a line
@@ -234,8 +240,9 @@ def flat_across_hosts_s(c, host, net, nbytes, hosts, per_host):
 
 # ---------------------------------------------------------------- checks and predictions
 
-def vm(procs):
-    return {"cores": 2, "procs": procs, "mem_gbps": None, "line_us": 0.0}
+def vm(procs, spin_ranks_per_cpu=SHM_SPIN_RANKS_PER_CPU):
+    """The 2-core VM; spin_ranks_per_cpu=1 for rows measured before 2026-11-30 (groups spun up to a rank per CPU)."""
+    return {"cores": 2, "procs": procs, "mem_gbps": None, "line_us": 0.0, "spin_ranks_per_cpu": spin_ranks_per_cpu}
 
 
 def fitted_net(c):  # β_tcp includes the reduction (γ)
@@ -297,7 +304,8 @@ def checks(c):
     if os.path.exists(os.path.join(ROOT, "docs", "data", "scale", "hosts_16x4_allreduce_on_demand.json")):
         sixteen = rows("scale/hosts_16x4_allreduce_on_demand.json")
         for s in (8, 64 * KIB, 4 * MIB):
-            out.append((f"hierarchical 16x4, {format_size(s)}", hierarchical_s(c, vm(64), net, s, 16, 4)[0],
+            out.append((f"hierarchical 16x4, {format_size(s)} (4-rank groups slept then)",
+                        hierarchical_s(c, vm(64, spin_ranks_per_cpu=1), net, s, 16, 4)[0],
                         measured(sixteen, "ddplite", 64, s)))
             out.append((f"flat TCP 16x4, {format_size(s)}", flat(s, 64, 32), measured(sixteen, "ddplite-tcp", 64, s)))
     return out
@@ -447,7 +455,7 @@ UNITS = {"A_shm_us": "us per op: 2-rank shm all_reduce, one sync, spinning (benc
          "beta_tcp_ns": "ns per byte sent over TCP, reduction included (2 ranks)",
          "w_tcp_us": "us per TCP step per extra process per core (TCP, 8 B, 4 ranks on 2 cores)",
          "shm_fit_residual": "median relative residual, 2-rank shm fit (9 sizes, 8 B-64 MB)",
-         "tcp_fit_residual": "median relative residual, 2-rank TCP fit of o, α, β (9 sizes)"}
+         "tcp_fit_residual": "median relative residual, 2-rank TCP fit of o, α, β (of o, β when α is left out; 9 sizes)"}
 
 
 def text(seconds):

@@ -124,7 +124,6 @@ int readChoice(const char* name, std::initializer_list<const char*> choices) {
   invalid(name, value, choicesText(choices));
 }
 
-// A whole decimal number of `unit` (bytes unless said) in [minimum, maximum]; `fallback` when unset.
 // Whether all of `value` is one whole decimal number that fits a long long; stored in *parsed.
 bool parseWhole(const char* value, long long* parsed) {
   char* end = nullptr;
@@ -132,6 +131,8 @@ bool parseWhole(const char* value, long long* parsed) {
   *parsed = std::strtoll(value, &end, 10);
   return end != value && *end == '\0' && errno != ERANGE;
 }
+
+// A whole decimal number of `unit` (bytes unless said) in [minimum, maximum]; `fallback` when unset.
 
 int64_t readBytes(const char* name, int64_t fallback, int64_t minimum, int64_t maximum = INT64_MAX,
                   const char* unit = "bytes") {
