@@ -139,7 +139,7 @@ def run_health(rank, size):
     import straggler_workers
 
     dist.init_process_group("ddplite", init_method="mpi://", timeout=datetime.timedelta(seconds=120))
-    straggler_workers._train(rank, size - 1, 30, 0.02, 1.3)
+    straggler_workers._train(rank, size - 1, 30, straggler_workers.STEP_S, 1.3)
     table = torch_ddp_lite.stragglers()
     result = {**group_facts(), "rows": [tuple(row) for row in table], "text": str(table)}
     if rank == 0:  # the others wait in the barrier meanwhile

@@ -939,7 +939,7 @@ sys.path.insert(0, "tests")
 import straggler_workers
 url, rank, size, slow = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=120))
-tables = straggler_workers.ddp_with_a_slow_rank(rank, size, slow, 20, 0.02, 1.3)
+tables = straggler_workers.ddp_with_a_slow_rank(rank, size, slow, 20, straggler_workers.STEP_S, 1.3)
 dist.destroy_process_group()
 print("OUTCOME " + json.dumps({str(step): table for step, table in tables.items()}), flush=True)
 """
