@@ -120,6 +120,56 @@ def mpi_flags():
     return compile_flags, link_flags
 
 
+def libstdcxx_link_args():
+    """The libstdc++ the extension links against, where the compiler would otherwise copy one in.
+
+    g++ links ``-lstdc++`` as ``libstdc++.so`` when its development link exists and silently as
+    ``libstdc++.a`` when only the archive does (an image that dropped the link: seen on the
+    Ubuntu 24.04 GPU machine, g++ 13). The copied library's locale tables are not the ones of the
+    libstdc++.so.6 torch loads, and the first ``ostream << long`` crashed the process (env
+    knobs' help text, docs/gpu.md "What has run"). There the libstdc++.so.6 this very process
+    loaded with torch is named on the link line, so ``-lstdc++`` finds nothing left to copy.
+    """
+    compiler = shlex.split(os.environ.get("CXX", "c++"))  # CXX may carry a launcher: "ccache g++"
+    try:
+        found = subprocess.run(compiler + ["-print-file-name=libstdc++.so"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return []  # the build's own compile fails louder; check_libstdcxx_not_copied still guards
+    if os.path.isabs(found) and os.path.exists(found):  # the usual case: a working development link
+        return []
+    loaded = []  # in the order the loader mapped them (the first is the one symbols bind to)
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.rstrip("\n").split(None, 5)
+                path = fields[5] if len(fields) == 6 else ""
+                if "/libstdc++.so" in path and not path.endswith("(deleted)") and path not in loaded:
+                    loaded.append(path)
+    except OSError:
+        return []
+    if not loaded:
+        return []
+    print(f"ddplite: {' '.join(compiler)} has no libstdc++.so to link (only its archive); linking {loaded[0]} instead")
+    return [loaded[0]]
+
+
+def check_libstdcxx_not_copied(library):
+    """Fails the build when the linked extension defines libstdc++'s own code (a copy of
+    libstdc++.a: libstdcxx_link_args did not see the case, e.g. the archive found first in one of
+    the -L folders). Skipped where binutils' nm is missing."""
+    try:
+        defined = subprocess.run(["nm", "-D", "--defined-only", library], capture_output=True, text=True,
+                                 check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return
+    if "_ZNSo9_M_insertIlEERSoT_" in defined:  # std::ostream::_M_insert<long>, defined only in libstdc++
+        raise RuntimeError(
+            f"ddplite: {library} carries a copy of libstdc++ (the linker found libstdc++.a, not libstdc++.so); it "
+            "would crash next to the libstdc++.so.6 torch loads. Install the compiler's libstdc++ development "
+            "package (libstdc++-<N>-dev), or set CXX to a compiler that has it, and rebuild.")
+
+
 MPI = mpi_flags()
 print(f"ddplite: building {'with MPI (' + ' '.join(MPI[1]) + ')' if MPI else 'without MPI (mpicxx not found)'}")
 
@@ -158,7 +208,7 @@ extension = CppExtension(
     include_dirs=include_dirs,
     library_dirs=library_dirs,
     libraries=libraries,
-    extra_link_args=link_args + (MPI[1] if MPI else []),
+    extra_link_args=link_args + (MPI[1] if MPI else []) + libstdcxx_link_args(),
     extra_compile_args={
         "cxx": OPTIMISATION_FLAGS + nccl_flags + (MPI[0] + ["-DDDPLITE_WITH_MPI=1"] if MPI else []) + [
             f'-DDDPLITE_TORCH_VERSION="{torch.__version__}"',
@@ -290,6 +340,8 @@ class PersistentBuildExt(BuildExtension.with_options(use_ninja=True)):
                 super().build_extensions()
             finally:
                 cpp_extension._write_ninja_file_and_compile_objects = original
+        for ext in self.extensions:
+            check_libstdcxx_not_copied(self.get_ext_fullpath(ext.name))
 
 
 setup(

@@ -108,6 +108,15 @@ void bindNcclRules(py::module_ m) {
       py::arg("built_with_shrink"), py::arg("loaded_version"), py::arg("parent_usable"), py::arg("abort_pending"),
       "(how, ncclCommShrink flags, why): how a shrunk group gets its communicator on a device.");
   m.def(
+      "unpaired_self_ops",
+      [](const std::vector<std::tuple<bool, int, size_t>>& ops) {
+        std::vector<rules::SelfOp> selfOps;
+        for (const auto& [send, device, bytes] : ops) selfOps.push_back(rules::SelfOp{send, device, bytes});
+        return rules::unpairedSelfOps(selfOps);
+      },
+      py::arg("ops"),
+      "Indices of the (send, device, bytes) self-ops of one NCCL group that the path fails unissued.");
+  m.def(
       "teardown_for",
       [](const std::string& cause, bool broken) {
         const rules::TeardownCause c = cause == "shutdown" ? rules::TeardownCause::kShutdown

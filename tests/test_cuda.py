@@ -104,10 +104,14 @@ def test_collect_env_prints_ddplite_nccl_versions():
         assert "not compiled in" in line
 
 
-def test_docs_record_no_gpu_figures_yet():
+def test_docs_gpu_figures_name_their_command_and_data():
     text = open(os.path.join(REPO, "docs", "gpu.md")).read()
     figures = text.split("## Figures", 1)[1]
-    assert "no gpu was available" in figures.lower()
+    assert "bash scripts/gpu_check.sh" in figures and "python -m torch_ddp_lite.bench" in figures
+    links = re.findall(r"\]\((data/gpu/[^)]+)\)", figures)
+    assert len(links) >= 3  # the benchmark table, its JSON, the DDP table, the test outcomes
+    for link in links:
+        assert os.path.isfile(os.path.join(REPO, "docs", link)), link
     assert "python -m pytest tests/test_cuda.py" in text
 
 
@@ -218,6 +222,13 @@ def test_review_cases_on_one_gpu(world_size):
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_eager_connect_then_split_group(world_size):
     assert_clean(run_ranks(cuda_workers.eager_connect_and_split, world_size, timeout_s=300), minimum=3)
+
+
+@needs_cuda
+def test_unpaired_send_to_itself_fails_alone():
+    if torch.cuda.device_count() < 1:
+        pytest.skip("needs a GPU of its own")
+    assert_clean(run_ranks(cuda_workers.unpaired_self_sends, 1, timeout_s=180), minimum=4)
 
 
 @needs_cuda

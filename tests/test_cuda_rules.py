@@ -203,3 +203,21 @@ def test_rules_are_in_every_build():
 def test_shrink_plan(built, loaded, usable, abort, expected):
     how, flags, why = rules.shrink_plan(built, loaded, usable, abort)
     assert (how, flags) == expected and why
+
+
+# ---- a rank's sends to itself in one NCCL group ---------------------------------------------
+
+@pytest.mark.parametrize("ops,unpaired", [
+    ([(True, 0, 20), (False, 0, 20)], []),                       # torch's ring at world size 1
+    ([(False, 0, 20), (True, 0, 20)], []),                       # the receive first: still one pair
+    ([(True, 0, 20)], [0]),                                      # no receive: NCCL would fail the group
+    ([(False, 0, 20)], [0]),
+    ([(True, 0, 20), (False, 0, 24)], [0, 1]),                   # sizes differ
+    ([(True, 0, 8), (True, 0, 16), (False, 0, 8)], [1]),         # the second send has no receive
+    ([(True, 0, 8), (True, 0, 16), (False, 0, 16), (False, 0, 8)], [0, 1, 2, 3]),  # paired in order only
+    ([(True, 0, 8), (False, 1, 8)], [0, 1]),                     # two GPUs: two communicators
+    ([(True, 0, 8), (True, 1, 8), (False, 1, 8), (False, 0, 8)], []),
+    ([], []),
+])
+def test_self_ops_pair_in_order_per_gpu_and_size(ops, unpaired):
+    assert rules.unpaired_self_ops(ops) == unpaired

@@ -17,6 +17,9 @@ def test_p2p_errors_name_peer_and_tag():
     for rank, result in enumerate(results):
         assert result["send to self"]["raised"] == "ValueError"
         assert f"ddplite rank {rank}/2, send #" in result["send to self"]["message"]
+        assert f"send to rank {rank}: that is this rank" in result["send to self"]["message"]
+        assert result["batch with self"]["raised"] == "ValueError"
+        assert "inside batch_isend_irecv" in result["batch with self"]["message"]
         assert result["recv from out of range"]["raised"] == "ValueError"
         assert "Hint:" in result["recv from out of range"]["message"]
         assert result["after"] == [2.0, 2.0]

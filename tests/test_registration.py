@@ -138,6 +138,61 @@ def test_built_against_installed_torch():
     assert torch_ddp_lite.built_torch_version() == torch.__version__
 
 
+def setup_function_named(name):
+    """A top-level function of setup.py, defined alone (running setup.py would build)."""
+    import ast
+    source = open(os.path.join(REPO, "setup.py")).read()
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    import shlex
+    namespace = {"os": os, "subprocess": subprocess, "shlex": shlex}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), "setup.py", "exec"), namespace)
+    return namespace[name]
+
+
+def test_extension_imports_libstdcxx_rather_than_carrying_a_copy():
+    """A copy of libstdc++.a inside the extension crashed its first `ostream << long` next to the
+    libstdc++.so.6 torch loads (the GPU machine, 2026-11-30: env_knobs and build_info)."""
+    library = torch_ddp_lite._load_extension().__file__
+    needed = subprocess.run(["readelf", "-d", library], capture_output=True, text=True, check=True).stdout
+    assert "[libstdc++.so.6]" in needed
+    defined = subprocess.run(["nm", "-D", "--defined-only", library], capture_output=True, text=True, check=True).stdout
+    assert "_ZNSo9_M_insertIlEERSoT_" not in defined  # std::ostream::_M_insert<long>, libstdc++'s own
+
+
+def test_setup_links_the_loaded_libstdcxx_where_the_compiler_has_only_its_archive(tmp_path, monkeypatch):
+    link_args = setup_function_named("libstdcxx_link_args")
+    # a compiler without the development link answers -print-file-name with the bare name
+    compiler = tmp_path / "c++"
+    compiler.write_text('#!/bin/sh\necho "${1#-print-file-name=}"\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    (loaded,) = link_args()
+    assert os.path.basename(loaded).startswith("libstdc++.so.6") and os.path.isfile(loaded)
+    with open("/proc/self/maps") as maps:
+        assert any(line.split()[-1] == loaded for line in maps)  # the one this process runs
+    monkeypatch.setenv("CXX", f"env {compiler}")  # a launcher in front of the compiler
+    assert link_args() == [loaded]
+    # a working development link: nothing to add
+    monkeypatch.setenv("CXX", "g++")
+    if os.path.isfile(subprocess.run(["g++", "-print-file-name=libstdc++.so"], capture_output=True,
+                                     text=True).stdout.strip()):
+        assert link_args() == []
+
+
+def test_the_build_fails_on_a_library_that_carries_libstdcxx(tmp_path):
+    check = setup_function_named("check_libstdcxx_not_copied")
+    source = tmp_path / "copy.cpp"
+    source.write_text('#include <sstream>\nstd::string text(long n) { std::ostringstream s; s << n; return s.str(); }\n')
+    copied = tmp_path / "copied.so"
+    subprocess.run(["g++", "-shared", "-fPIC", "-static-libstdc++", str(source), "-o", str(copied)], check=True)
+    with pytest.raises(RuntimeError, match="carries a copy of libstdc\\+\\+"):
+        check(str(copied))
+    linked = tmp_path / "linked.so"
+    subprocess.run(["g++", "-shared", "-fPIC", str(source), "-o", str(linked)], check=True)
+    check(str(linked))
+    check(torch_ddp_lite._load_extension().__file__)
+
+
 def test_env_knobs_have_prefix_and_help():
     knobs = torch_ddp_lite.env_knobs()
     assert {"DDPLITE_SOCKET_IFNAME", "DDPLITE_DEBUG"} <= {name for name, _, _ in knobs}

@@ -1081,9 +1081,10 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::send(std::vector<at::Tensor>& ten
   const DepthGuard depth;  // a staged CUDA send comes back here: only the outermost joins a coalesced group
   const bool outermost = collectiveDepth == 1;
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "send");
-  validation::checkPeer(ctx, dstRank, "send to");
+  const bool cuda = routesToCuda(ctx, tensor);
+  validation::checkPeer(ctx, dstRank, "send to", cuda && outermost && coalescing_.openOnThisThread());
   validation::checkTag(ctx, tag, kFirstUserTag);
-  if (routesToCuda(ctx, tensor)) {
+  if (cuda) {
     auto work = cuda_->send(tensors, dstRank, tag, ctx);
     if (outermost) coalescing_.add(work);
     return work;
@@ -1208,10 +1209,13 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::postRecv(const char* op, std::vec
   const DepthGuard depth;  // as in send()
   const bool outermost = collectiveDepth == 1;
   at::Tensor tensor = validation::singleTensor(ctx, tensors, "recv");
-  if (srcRank != cpu::P2pEngine::kAnySource) validation::checkPeer(ctx, srcRank, "receive from");
+  const bool cuda = routesToCuda(ctx, tensor);
+  if (srcRank != cpu::P2pEngine::kAnySource) {
+    validation::checkPeer(ctx, srcRank, "receive from", cuda && outermost && coalescing_.openOnThisThread());
+  }
   validation::checkTag(ctx, tag, kFirstUserTag);
   validation::checkWritable(ctx, tensor, "recv");
-  if (routesToCuda(ctx, tensor)) {
+  if (cuda) {
     auto work = cuda_->recv(tensors, srcRank, tag, ctx);
     if (outermost) coalescing_.add(work);
     return work;

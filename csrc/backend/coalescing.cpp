@@ -17,6 +17,11 @@ bool CoalescingCollector::start() {
   return wasIdle;
 }
 
+bool CoalescingCollector::openOnThisThread() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return active_ && owner_ == std::this_thread::get_id();
+}
+
 void CoalescingCollector::add(c10::intrusive_ptr<c10d::Work> work) {
   if (!work) return;
   std::lock_guard<std::mutex> lock(mutex_);

@@ -36,6 +36,8 @@ class CoalescingCollector {
   // A Work issued while the group is open, by the thread that opened it (null Works, and Works
   // of other threads, are skipped).
   void add(c10::intrusive_ptr<c10d::Work> work);
+  // Whether a group is open and was opened by the calling thread.
+  bool openOnThisThread();
   // Closes the group: its Works in issue order; nullopt when no group was open.
   std::optional<std::vector<c10::intrusive_ptr<c10d::Work>>> end();
 

@@ -153,8 +153,13 @@ void checkOwnBlock(const OpContext& ctx, size_t sentBytes, size_t landingBytes) 
   }
 }
 
-void checkPeer(const OpContext& ctx, int peer, const char* direction) {
-  if (peer < 0 || peer >= ctx.size || peer == ctx.rank) {
+void checkPeer(const OpContext& ctx, int peer, const char* direction, bool selfServed) {
+  if (peer == ctx.rank && peer >= 0 && peer < ctx.size && !selfServed) {
+    throwValueError(ctx, strCat("cannot ", direction, " rank ", peer, ": that is this rank"),
+                    "a rank exchanges with itself only with CUDA tensors inside batch_isend_irecv (one NCCL group, "
+                    "as with nccl); on the CPU copy the tensor instead (gloo refuses this too)");
+  }
+  if (peer < 0 || peer >= ctx.size) {
     throwValueError(ctx, strCat("cannot ", direction, " rank ", peer, ": it must be another rank of this group [0, ",
                                 ctx.size, ")"),
                     "pass the peer's rank (torch.distributed translates global ranks for subgroups)");

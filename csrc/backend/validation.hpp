@@ -58,8 +58,10 @@ void checkOwnBlock(const OpContext& ctx, size_t sentBytes, size_t landingBytes);
 // equal parts); the tensor passed checkSplits.
 size_t ownSplitBytes(const OpContext& ctx, const at::Tensor& tensor, const std::vector<int64_t>& splits);
 
-// send/recv peer: a rank of this group other than this one.
-void checkPeer(const OpContext& ctx, int peer, const char* direction);
+// send/recv peer: a rank of this group, other than this one unless `selfServed` (CUDA tensors in
+// an open coalescing group: NCCL pairs a rank's send to itself with its receive in one NCCL group,
+// as torch's NCCL backend serves batch_isend_irecv at world size 1).
+void checkPeer(const OpContext& ctx, int peer, const char* direction, bool selfServed = false);
 // Tags below `firstUserTag` are the backend's own (monitored_barrier.hpp).
 void checkTag(const OpContext& ctx, int tag, int firstUserTag);
 

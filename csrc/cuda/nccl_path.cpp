@@ -484,6 +484,10 @@ void NcclPath::finishIssued(std::vector<Deferred> ops) {
   std::exception_ptr failure;
   for (auto& op : ops) {
     c10::cuda::CUDAGuard deviceGuard(op.call.device);
+    if (op.neverIssued) {  // NCCL never saw it: its Work fails alone (wait() raises), the group goes on
+      op.work->markFailed(op.failure);
+      continue;
+    }
     if (op.failure) {
       failIssued(op.work, *op.state->stream, concat(op.call.keepAlive, op.call.outputs), op.capturing, op.failure);
       failure = op.failure;
@@ -530,6 +534,10 @@ c10::intrusive_ptr<c10d::Work> NcclPath::launch(DeviceState& state, Call call, s
   // send/recv keep the number the backend gave them; collectives take the next group number.
   const OpContext ctx = call.p2p ? *call.p2p : OpContext{deps_.rank, deps_.size, call.op, deps_.seq.load() + 1};
   throwIfBroken(ctx);
+  if (call.p2p && call.peer == ctx.rank && !inGroup) {  // the backend lets it through only in a batch
+    throwValueError(ctx, "a send to or receive from this rank outside a batch: NCCL pairs one only inside a group",
+                    "put it and its partner in one batch_isend_irecv");
+  }
 
   c10::cuda::CUDAGuard deviceGuard(call.device);
   const c10::cuda::CUDAStream ncclStream = *state.stream;
@@ -592,14 +600,49 @@ void NcclPath::issue(DeviceState& state, const OpContext& ctx, const c10::cuda::
   std::rethrow_exception(failure);
 }
 
+// With deps_.orderMutex held: the sends to and receives from this rank that NCCL could not pair
+// inside this group are marked never issued and given their error (finishIssued fails them).
+void NcclPath::markUnpairedSelfOps(std::vector<Deferred>& ops) {
+  std::vector<rules::SelfOp> selfOps;
+  std::vector<size_t> where;  // index into ops of each self-op
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Call& call = ops[i].call;
+    const bool p2p = call.type == OpType::SEND || call.type == OpType::RECV;
+    if (!p2p || call.peer != ops[i].ctx.rank) continue;
+    selfOps.push_back(rules::SelfOp{call.type == OpType::SEND, call.device.index(), call.outputs.front().nbytes()});
+    where.push_back(i);
+  }
+  for (size_t k : rules::unpairedSelfOps(selfOps)) {
+    Deferred& op = ops[where[k]];
+    op.neverIssued = true;
+    try {
+      throwValueError(op.ctx,
+                      strCat("this ", op.call.type == OpType::SEND ? "send to" : "receive from",
+                             " this rank has no ", op.call.type == OpType::SEND ? "receive from" : "send to",
+                             " this rank of the same size in its batch, so NCCL cannot pair it"),
+                      "give every send to yourself a receive from yourself of the same size in the same "
+                      "batch_isend_irecv, with no barrier between them");
+    } catch (...) {
+      op.failure = std::current_exception();
+    }
+  }
+}
+
 // With deps_.orderMutex held. Every communicator the ops use is leased (in device order) for the
 // whole group: an abort meanwhile waits, or is performed when the leases are released. The end
 // events are recorded here; futures and the watchdog are the caller's (finishIssued).
 std::vector<NcclPath::Deferred> NcclPath::issueGroup(std::vector<Deferred> ops) {
-  if (ops.empty()) return ops;
+  markUnpairedSelfOps(ops);
+  const auto issued = [](const Deferred& op) { return !op.neverIssued; };
+  const auto firstIssued = std::find_if(ops.begin(), ops.end(), issued);
+  if (firstIssued == ops.end()) return ops;
+  const size_t firstIndex = static_cast<size_t>(firstIssued - ops.begin());
+  const Deferred& first = *firstIssued;
+  const auto issuedCount = std::count_if(ops.begin(), ops.end(), issued);
   std::map<int, DeviceState*> byDevice;
   auto deadline = std::chrono::steady_clock::time_point::max();
   for (const auto& op : ops) {
+    if (op.neverIssued) continue;
     byDevice[op.call.device.index()] = op.state;
     deadline = std::min(deadline, std::chrono::steady_clock::now() + op.work->timeout());
   }
@@ -614,22 +657,22 @@ std::vector<NcclPath::Deferred> NcclPath::issueGroup(std::vector<Deferred> ops) 
       for (auto& [index, state] : byDevice) {
         leases.push_back(std::make_unique<NcclComm::Lease>(*state->comm));
         if (leases.back()->comm() == nullptr) {
-          throwIfBroken(ops.front().ctx);
-          throwDistError(ops.front().ctx, "the NCCL communicator was aborted", "destroy this group and create a new one");
+          throwIfBroken(first.ctx);
+          throwDistError(first.ctx, "the NCCL communicator was aborted", "destroy this group and create a new one");
         }
         commOf[index] = leases.back()->comm();
         comms.push_back(leases.back()->comm());
       }
-      const Deferred& first = ops.front();
       std::vector<std::vector<std::function<void()>>> after(ops.size());
       const auto abortRequested = [&leases] {
         return std::any_of(leases.begin(), leases.end(), [](const auto& lease) { return lease->abortRequested(); });
       };
-      const Launch outer{first.ctx, commOf[first.call.device.index()], *first.state->stream, &scratch[0], deadline,
-                         &after[0], abortRequested};
+      const Launch outer{first.ctx, commOf[first.call.device.index()], *first.state->stream, &scratch[firstIndex],
+                         deadline, &after[firstIndex], abortRequested};
       groupStart(outer);
       try {
         for (size_t i = 0; i < ops.size(); ++i) {
+          if (ops[i].neverIssued) continue;
           c10::cuda::CUDAGuard deviceGuard(ops[i].call.device);
           c10::cuda::CUDAStreamGuard streamGuard(*ops[i].state->stream);
           ops[i].body(Launch{ops[i].ctx, commOf[ops[i].call.device.index()], *ops[i].state->stream, &scratch[i],
@@ -641,6 +684,7 @@ std::vector<NcclPath::Deferred> NcclPath::issueGroup(std::vector<Deferred> ops) 
       }
       groupEnd(outer, comms);  // the kernels are enqueued now
       for (size_t i = 0; i < ops.size(); ++i) {
+        if (ops[i].neverIssued) continue;
         c10::cuda::CUDAGuard deviceGuard(ops[i].call.device);
         c10::cuda::CUDAStreamGuard streamGuard(*ops[i].state->stream);
         runAfter(after[i]);
@@ -651,18 +695,19 @@ std::vector<NcclPath::Deferred> NcclPath::issueGroup(std::vector<Deferred> ops) 
     }
   }  // leases released
   if (failure) {
-    const Deferred& first = ops.front();
-    failGroup(WatchdogFailure{strCat("a coalesced group of ", ops.size(), " ops (", first.ctx.op, " #", first.ctx.seq,
+    failGroup(WatchdogFailure{strCat("a coalesced group of ", issuedCount, " ops (", first.ctx.op, " #", first.ctx.seq,
                                      " first) failed while it was being issued: [", what,
                                      "]; the NCCL communicators were aborted"),
                               "fix the first failure; then destroy this group and create a new one"});
     for (size_t i = 0; i < ops.size(); ++i) {  // finishIssued keeps their tensors and fails them
+      if (ops[i].neverIssued) continue;
       ops[i].failure = failure;
       for (auto& tensor : scratch[i]) ops[i].call.keepAlive.push_back(tensor);
     }
     return ops;
   }
   for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].neverIssued) continue;
     c10::cuda::CUDAGuard deviceGuard(ops[i].call.device);
     ops[i].work->stash(concat(concat(ops[i].call.keepAlive, ops[i].call.outputs), scratch[i]));
     ops[i].work->recordEnd(*ops[i].state->stream);  // right after the group's kernels
@@ -858,16 +903,29 @@ c10::intrusive_ptr<c10d::Work> NcclPath::alltoall(std::vector<at::Tensor>& outpu
                 [=](const Launch& l) mutable { nccl::alltoallList(l, inputs, outputs); });
 }
 
+namespace {
+// A staged GPU's point-to-point goes over the CPU transport, which has no exchange with itself.
+[[noreturn]] void refuseSelfWhenStaged(const OpContext& ctx, const char* direction) {
+  throwValueError(ctx, strCat("cannot ", direction, " rank ", ctx.rank, " (this rank) on a GPU served by host staging"),
+                  "a rank exchanges with itself only where NCCL serves the GPU (not shared with another rank, and "
+                  "DDPLITE_CUDA_STAGING not 'always'); copy the tensor instead");
+}
+}  // namespace
+
 // Point-to-point: the tag is not sent (NCCL matches sends and receives by order per peer).
 // The first CUDA op of a group must be one every rank issues (it creates the communicator).
 c10::intrusive_ptr<c10d::Work> NcclPath::send(std::vector<at::Tensor>& tensors, int dstRank, int tag,
                                               const OpContext& ctx) {
   at::Tensor tensor = tensors.front();
   DeviceState& state = stateFor("send", tensor.device());
-  if (state.staged) return staged_.send(tensors, dstRank, tag, ctx);
+  if (state.staged) {
+    if (dstRank == ctx.rank) refuseSelfWhenStaged(ctx, "send to");
+    return staged_.send(tensors, dstRank, tag, ctx);
+  }
   requireDirect(ctx, {tensor}, tensor.device());
   Call call{"send", OpType::SEND, tensor.device(), {tensor}, {}, std::chrono::milliseconds(-1)};
   call.p2p = ctx;
+  call.peer = dstRank;
   return launch(state, call, [=](const Launch& l) mutable { nccl::send(l, tensor, dstRank); });
 }
 
@@ -882,10 +940,14 @@ c10::intrusive_ptr<c10d::Work> NcclPath::recv(std::vector<at::Tensor>& tensors, 
                     "name the source rank: recv(tensor, src=...)");
   }
   DeviceState& state = stateFor("recv", tensor.device());
-  if (state.staged) return staged_.recv(tensors, srcRank, tag, ctx);
+  if (state.staged) {
+    if (srcRank == ctx.rank) refuseSelfWhenStaged(ctx, "receive from");
+    return staged_.recv(tensors, srcRank, tag, ctx);
+  }
   requireDirect(ctx, {tensor}, tensor.device());
   Call call{"recv", OpType::RECV, tensor.device(), {tensor}, {}, std::chrono::milliseconds(-1)};
   call.p2p = ctx;
+  call.peer = srcRank;
   return launch(state, call, [=](const Launch& l) mutable { nccl::recv(l, tensor, srcRank); });
 }
 

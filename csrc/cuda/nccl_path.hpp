@@ -107,6 +107,7 @@ class NcclPath final : public CudaPath {
     std::vector<at::Tensor> keepAlive;  // inputs NCCL reads
     std::chrono::milliseconds timeout;
     std::optional<OpContext> p2p;  // send/recv: the backend's context (its p2p sequence number)
+    int peer = -1;                 // send/recv: the peer's group rank
     bool barrier = false;
   };
 
@@ -135,8 +136,11 @@ class NcclPath final : public CudaPath {
     std::function<void(const Launch&)> body;
     c10::intrusive_ptr<NcclWork> work;
     bool capturing;
-    std::exception_ptr failure;  // set by issueGroup when the group failed
+    std::exception_ptr failure;  // set by issueGroup when the group failed, or for an unpaired self-op
+    bool neverIssued = false;    // an unpaired send to or receive from this rank (rules::unpairedSelfOps)
   };
+  // With deps_.orderMutex held: marks the self-ops NCCL could not pair in `ops` (never issued).
+  void markUnpairedSelfOps(std::vector<Deferred>& ops);
   // With deps_.orderMutex held: whether the calling thread has a coalesced group open.
   bool joinsOpenGroup();
   // With deps_.orderMutex held: issues the deferred ops as one NCCL group (leaving the window

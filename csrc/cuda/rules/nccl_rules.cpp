@@ -1,6 +1,8 @@
 #include "cuda/rules/nccl_rules.hpp"
 
 #include <algorithm>
+#include <map>
+#include <utility>
 #include <sstream>
 #include <stdexcept>
 
@@ -153,6 +155,26 @@ ShrinkPlan shrinkPlan(bool builtWithShrink, Version loaded, bool parentUsable, b
   }
   return {ShrinkComm::kShrinkParent, abortPending ? kNcclShrinkAbort : kNcclShrinkDefault,
           abortPending ? "ncclCommShrink with NCCL_SHRINK_ABORT" : "ncclCommShrink"};
+}
+
+std::vector<size_t> unpairedSelfOps(const std::vector<SelfOp>& ops) {
+  std::map<int, std::pair<std::vector<size_t>, std::vector<size_t>>> byDevice;  // sends, receives
+  for (size_t i = 0; i < ops.size(); ++i) {
+    auto& [sends, receives] = byDevice[ops[i].device];
+    (ops[i].send ? sends : receives).push_back(i);
+  }
+  std::vector<size_t> unpaired;
+  for (const auto& [device, lists] : byDevice) {
+    const auto& [sends, receives] = lists;
+    for (size_t k = 0; k < std::max(sends.size(), receives.size()); ++k) {
+      const bool paired = k < sends.size() && k < receives.size() && ops[sends[k]].bytes == ops[receives[k]].bytes;
+      if (paired) continue;
+      if (k < sends.size()) unpaired.push_back(sends[k]);
+      if (k < receives.size()) unpaired.push_back(receives[k]);
+    }
+  }
+  std::sort(unpaired.begin(), unpaired.end());
+  return unpaired;
 }
 
 Teardown teardownFor(TeardownCause cause, bool groupBroken) {

@@ -110,6 +110,19 @@ constexpr int kNcclShrinkDefault = 0;  // NCCL_SHRINK_DEFAULT (nccl.h)
 constexpr int kNcclShrinkAbort = 1;    // NCCL_SHRINK_ABORT
 ShrinkPlan shrinkPlan(bool builtWithShrink, Version loaded, bool parentUsable, bool abortPending);
 
+// A rank's sends to itself and receives from itself in one NCCL group. NCCL pairs them inside
+// the group, per communicator (here: per device), the k-th send with the k-th receive; one left
+// over fails the group's end (ncclInvalidUsage, "send to self without a matching recv"), which
+// would abort every communicator of the group. The path fails such ops alone, never issued. A
+// pair of different sizes is refused too (NCCL matches by order only).
+struct SelfOp {
+  bool send;     // else a receive
+  int device;    // CUDA device index
+  size_t bytes;
+};
+// Indices into `ops` (issue order) of the ops left unpaired, ascending.
+std::vector<size_t> unpairedSelfOps(const std::vector<SelfOp>& ops);
+
 // What happens to a group's communicators when the group goes away.
 enum class Teardown {
   kDrainThenDestroy,  // destroy_process_group: let queued work finish (up to the timeout), ncclCommDestroy
