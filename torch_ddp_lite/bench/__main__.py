@@ -38,7 +38,9 @@ def common_options():
                              "thread and sleeps in poll() at once on TCP (DDPLITE_SYNC_ON_CALLER=0, "
                              "DDPLITE_TCP_SPIN_US=0); ddplite-leaders carries every all_reduce across hosts "
                              "through the hosts' leaders, never on rails (DDPLITE_RAILS_BYTES=0); ddplite-wholesend hands "
-                             "the kernel a whole buffer per send() on TCP (DDPLITE_TCP_SEND_CHUNK_BYTES=0); memcpy is the "
+                             "the kernel a whole buffer per send() on TCP (DDPLITE_TCP_SEND_CHUNK_BYTES=0); ddplite-xspin and "
+                             "ddplite-nospin set both waits' spins (DDPLITE_SHM_SPIN_US, DDPLITE_TCP_SPIN_US) to 3000 "
+                             "and 0 us; memcpy is the "
                              "reference: every rank copies the same bytes between two of its own buffers at once "
                              "(algbw = busbw = bytes / time)")
     parser.add_argument("--world-size", type=int, default=2,
@@ -116,7 +118,7 @@ def known_backends(device):
 
     known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-shm", "ddplite-unchecked", "ddplite-generic", "ddplite-flat",
              "ddplite-tree", "ddplite-ondemand", "ddplite-atinit", "ddplite-handoff", "ddplite-leaders",
-             "ddplite-wholesend", MEMCPY]
+             "ddplite-wholesend", "ddplite-xspin", "ddplite-nospin", MEMCPY]
     if torch_ddp_lite.build_info()["mpi"]:
         known.append("ddplite-mpi")
     if dist.is_mpi_available():

@@ -114,7 +114,9 @@ def _share_cores(world_size):
 # "ddplite-handoff" hands every op to the group's worker thread and sleeps in poll() at once on TCP
 # (DDPLITE_SYNC_ON_CALLER=0, DDPLITE_TCP_SPIN_US=0: ddplite before 2026-11-28), to measure both;
 # "ddplite-leaders" carries every all_reduce across hosts through the hosts' leaders, never on rails
-# (DDPLITE_RAILS_BYTES=0).
+# (DDPLITE_RAILS_BYTES=0); "ddplite-xspin" and "ddplite-nospin" set how long a wait on shared memory
+# or TCP spins (yielding the core every 64 pauses) before it sleeps: 3 ms, and none (the default is
+# 50 us; docs/data/crosshost/spin_4x2_2026-11-30.md).
 BACKEND_VARIANTS = {
     "ddplite-leaders": ("ddplite", {"DDPLITE_RAILS_BYTES": "0"}),
     "ddplite-handoff": ("ddplite", {"DDPLITE_SYNC_ON_CALLER": "0", "DDPLITE_TCP_SPIN_US": "0"}),
@@ -130,6 +132,8 @@ BACKEND_VARIANTS = {
     "ddplite-tree": ("ddplite", {"DDPLITE_SHM_SYNC": "tree"}),
     "ddplite-ondemand": ("ddplite", {"DDPLITE_CONNECT": "on_demand"}),
     "ddplite-atinit": ("ddplite", {"DDPLITE_CONNECT": "at_init"}),
+    "ddplite-xspin": ("ddplite", {"DDPLITE_SHM_SPIN_US": "3000", "DDPLITE_TCP_SPIN_US": "3000"}),
+    "ddplite-nospin": ("ddplite", {"DDPLITE_SHM_SPIN_US": "0", "DDPLITE_TCP_SPIN_US": "0"}),
 }
 
 

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <map>
-#include <utility>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 namespace ddplite::nccl::rules {
 
