@@ -378,3 +378,17 @@ def test_bench_today_tiny_run_measures_every_column(tmp_path):
     for name in ("today_collectives_2ranks.png", "today_ddp.png"):
         assert (img / name).read_bytes()[:8] == PNG_MAGIC
     assert (data / "collect_env.txt").read_text().startswith("## torch")
+
+
+def test_every_ddplite_column_has_a_row_with_its_settings_in_the_docs():
+    """docs/benchmarks.md's columns table names every ddplite variant the bench offers, with each of
+    the DDPLITE_* settings the variant applies."""
+    from torch_ddp_lite.bench.launch import BACKEND_VARIANTS
+
+    docs = open(os.path.join(REPO, "docs", "benchmarks.md")).read()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in docs.splitlines()
+            if line.strip().startswith("| `ddplite-")}
+    for column, (_, settings) in BACKEND_VARIANTS.items():
+        assert column in rows, f"{column} has no row in docs/benchmarks.md's columns table"
+        for name, value in settings.items():
+            assert f"`{name}={value}`" in rows[column], (column, name, value, rows[column])

@@ -115,8 +115,8 @@ def _share_cores(world_size):
 # (DDPLITE_SYNC_ON_CALLER=0, DDPLITE_TCP_SPIN_US=0: ddplite before 2026-11-28), to measure both;
 # "ddplite-leaders" carries every all_reduce across hosts through the hosts' leaders, never on rails
 # (DDPLITE_RAILS_BYTES=0); "ddplite-xspin" and "ddplite-nospin" set how long a wait on shared memory
-# or TCP spins (yielding the core every 64 pauses) before it sleeps: 3 ms, and none (the default is
-# 50 us; docs/data/crosshost/spin_4x2_2026-11-30.md).
+# or TCP spins before it sleeps: 3 ms, and none (the default is 50 us; where each spins and how it
+# yields: docs/benchmarks.md's columns table; docs/data/crosshost/spin_4x2_2026-11-30.md).
 BACKEND_VARIANTS = {
     "ddplite-leaders": ("ddplite", {"DDPLITE_RAILS_BYTES": "0"}),
     "ddplite-handoff": ("ddplite", {"DDPLITE_SYNC_ON_CALLER": "0", "DDPLITE_TCP_SPIN_US": "0"}),
