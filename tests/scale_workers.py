@@ -110,7 +110,9 @@ def descriptors_run_out(rank, world_size, store_path, victim, headroom):
 def many_ranks_round(rank, world_size, counts, dtypes, p2p_sizes):
     """Every sweep (each algorithm pinned, then the automatic choice; closed form and gloo) on
     `dtypes` and `counts`, then send/recv between every pair both ways and any-source receives;
-    returns {name: (first failures, checks made)} and the path the group took."""
+    returns {name: (first failures, checks made)}, "path" and "why" (the path the group took and
+    why), "barriers" ((entered, left) of two barriers, rank 0 then the last rank late to each) and
+    "p2p" ((first failures, path))."""
     import sweeps
     import shm_workers
     import torch_ddp_lite
