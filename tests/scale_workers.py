@@ -123,7 +123,7 @@ def many_ranks_round(rank, world_size, counts, dtypes, p2p_sizes):
         result = sweeps.SWEEPS[name](rank, world_size, counts, dtypes)
         outcome[name] = (result["failures"][:5], result["checked"])
     # (entered, left) per barrier, on CLOCK_MONOTONIC (time.monotonic), one clock for every process
-    # of the host: a rank may leave only after the late rank entered. Not the time each rank waited:
+    # of the host: a rank may leave only after the last rank entered. Not the time each rank waited:
     # the ranks come to this loop up to tenths of a second apart at 64 ranks on 2 cores, so a rank
     # that comes late itself waits less than the late rank's sleep.
     barriers = []
