@@ -6,6 +6,8 @@
   enqueue). An async op still returns at once while a peer is late, on every path.
 * A small TCP transfer retries its sockets for DDPLITE_TCP_SPIN_US before it sleeps in poll():
   no result depends on it, and a peer that dies is still reported at once.
+* A wait on the thread of a caller that blocks on its op spins up to DDPLITE_CALLER_SPIN_US
+  before it sleeps; an async op's wait, on the worker, keeps DDPLITE_TCP_SPIN_US (wait_policy.hpp).
 * A TCP send() hands the kernel at most DDPLITE_TCP_SEND_CHUNK_BYTES: no result depends on it,
   down to sends that split elements and headers' payloads at odd offsets.
 """
@@ -217,3 +219,23 @@ def test_work_stages_are_ordered_and_only_read_once_the_op_completed():
         assert 0 < issued <= running <= ran <= finished, result
         assert result["gloo"] is None, result
     assert "has not completed yet; call work.wait() first" in results[0]["early"], results[0]
+
+
+@pytest.mark.parametrize("caller_spin_us", ["100000", "0"])
+def test_a_blocked_caller_spins_through_a_late_peer_and_the_worker_sleeps(caller_spin_us):
+    """Rank 1 comes 5 ms late to each of 20 all_reduces over TCP. A sync op runs on rank 0's
+    thread, which spins up to DDPLITE_CALLER_SPIN_US: with 100 ms it runs through the wait (its
+    CPU time per op is most of the 5 ms; 5.3 ms here) and does not sleep; with 0 (the async spin,
+    50 us) it sleeps in poll() once per op and runs 0.2 ms. The async ops run on the worker, which
+    keeps the 50 us spin whatever the caller's (0.04-0.12 ms per op here; with
+    DDPLITE_TCP_SPIN_US=100000 it ran 5.2 ms, so the measure sees a spinning worker)."""
+    late_s = 0.005
+    results = run_ranks(workers.sleeps_while_a_peer_is_late, 2, 1, late_s,
+                        env={"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_CALLER_SPIN_US": caller_spin_us})
+    assert all(result["right"] for result in results), results
+    sync, asynchronous = results[0]["sync"], results[0]["async"]
+    if caller_spin_us == "0":
+        assert sync["sleeps"] >= 0.9 and sync["cpu_s"] < 0.2 * late_s, sync
+    else:
+        assert sync["sleeps"] <= 0.5 and sync["cpu_s"] > 0.25 * late_s, sync
+    assert asynchronous["cpu_s"] < 0.2 * late_s, asynchronous

@@ -78,10 +78,11 @@ def test_each_part_includes_nothing_above_it(folder):
 # What the backend may include from cpu/: the CPU path object (which owns the transports, the
 # segments or the hierarchy, MPI's collectives and the send/recv engine), the collectives it runs
 # on it, the send/recv engine's API (not its links or channels), the algorithm selector (pins), the
-# reduction kernels, and the transport interface for its error and deadline types. Not a
+# reduction kernels, the transport interface for its error and deadline types, and the mark of a
+# thread that runs an op its caller blocks on (how long that thread's waits spin). Not a
 # transport, a segment or a hierarchy itself.
 BACKEND_MAY_INCLUDE = ("cpu/cpu_path.hpp", "cpu/collectives.hpp", "cpu/p2p/p2p_engine.hpp", "cpu/algorithms/",
-                       "cpu/reduce/", "cpu/transport/transport.hpp")
+                       "cpu/reduce/", "cpu/transport/transport.hpp", "cpu/transport/wait_policy.hpp")
 
 
 def test_the_backend_talks_to_the_cpu_path_only():

@@ -757,6 +757,52 @@ def test_refused_call_then_a_late_leader_is_no_mismatch(hosts):
     assert network.pids() == []
 
 
+LATE_NON_LEADER = """
+import json, sys
+from datetime import timedelta
+sys.path.insert(0, sys.argv[4])
+import torch.distributed as dist
+import torch_ddp_lite, workers
+url, rank, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+dist.init_process_group("ddplite", init_method=url, rank=rank, world_size=size, timeout=timedelta(seconds=60))
+outcome = workers.sleeps_while_a_peer_is_late(rank, size, 3, 0.005)
+outcome["path"] = torch_ddp_lite.cpu_path()[0]
+dist.destroy_process_group()
+print("OUTCOME " + json.dumps(outcome), flush=True)
+"""
+
+
+@pytest.mark.parametrize("caller_spin_us", ["100000", "0"])
+def test_blocked_callers_spin_through_a_late_rank_across_hosts(hosts, caller_spin_us):
+    """2 hosts x 2 ranks, hierarchical; rank 3 (host 1's non-leader) comes 5 ms late to each of 20
+    all_reduces. Every other rank waits for it: rank 2 in host 1's segment, rank 0 (host 0's
+    leader) on its socket to rank 2, rank 1 in host 0's segment for its leader's broadcast. Their
+    sync ops run on their own threads, which spin up to DDPLITE_CALLER_SPIN_US: with 100 ms they
+    run through the wait and do not sleep, with 0 each sleeps (a futex or poll()) once per op. The
+    async ops, on the worker, keep the short spin (tests/test_caller_thread.py on one host)."""
+    network = hosts(2)
+    url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
+    env = host_environment("eth0", DDPLITE_CALLER_SPIN_US=caller_spin_us)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    jobs = [start(network.run(host, [sys.executable, "-c", LATE_NON_LEADER, url, str(rank), "4", tests_dir]), env)
+            for rank, host in enumerate([0, 0, 1, 1])]
+    outcomes = []
+    for rank, (returncode, output, _) in enumerate(finish(jobs, timeout=300)):
+        reported = [line for line in output.splitlines() if line.startswith("OUTCOME ")]
+        assert returncode == 0 and reported, f"rank {rank}:\n{output[-5000:]}"
+        outcomes.append(json.loads(reported[0][len("OUTCOME "):]))
+    for rank, outcome in enumerate(outcomes):
+        assert outcome["path"] == "hierarchical" and outcome["right"], (rank, outcome)
+    for rank in (0, 1, 2):
+        sync, asynchronous = outcomes[rank]["sync"], outcomes[rank]["async"]
+        if caller_spin_us == "0":
+            assert sync["sleeps"] >= 0.9 and sync["cpu_s"] < 0.001, (rank, sync)
+        else:
+            assert sync["sleeps"] <= 0.5 and sync["cpu_s"] > 0.0005, (rank, sync)  # 1.9-5.2 ms here, 0.2 without
+        assert asynchronous["cpu_s"] < 0.001, (rank, asynchronous)
+    assert network.pids() == []
+
+
 def mismatch_everywhere(results):
     """Each rank's OUTCOME: a DistBackendError saying "collective mismatch" (its own or quoted from
     the first failure), raised within 15 s (the groups' timeout is 60 s)."""

@@ -735,3 +735,51 @@ def refused_dtype(rank, world_size, dtype):
     except Exception as error:  # noqa: BLE001 - the type is what the test checks
         return type(error).__name__, str(error)
     return None
+
+
+def _thread_sleeps_and_cpu(thread_id):
+    """(times thread `thread_id` of this process slept, seconds it has run): its voluntary context
+    switches (a futex or poll() that blocked; a sched_yield is not one) and schedstat's run time."""
+    with open(f"/proc/self/task/{thread_id}/status") as status:
+        sleeps = [int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches:")]
+    with open(f"/proc/self/task/{thread_id}/schedstat") as schedstat:
+        ran_ns = int(schedstat.read().split()[0])
+    assert len(sleeps) == 1, f"no voluntary_ctxt_switches in /proc/self/task/{thread_id}/status"
+    return sleeps[0], ran_ns / 1e9
+
+
+def _worker_thread_ids():
+    ids = []
+    for name in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{name}/comm") as comm:
+            if comm.read().strip() == "ddplite-worker":
+                ids.append(int(name))
+    return ids
+
+
+def sleeps_while_a_peer_is_late(rank, world_size, late_rank, late_s=0.005, ops=20):
+    """`ops` all_reduces of 8 bytes for which `late_rank` arrives late_s late each time, issued
+    sync (run on this thread: DDPLITE_SYNC_ON_CALLER) then async (run on the group's worker, waited
+    for with wait()). Returns per issue, for the thread that ran the ops, how often it slept and
+    how many seconds it ran, per op; and whether every sum was right (closed form)."""
+    import threading
+
+    workers_before = _worker_thread_ids()
+    assert len(workers_before) == 1, workers_before  # the WORLD group's, so its counts are the ops'
+    seen = {"right": True}
+    for name, async_op in (("sync", False), ("async", True)):
+        counted = workers_before[0] if async_op else threading.get_native_id()
+        dist.barrier()
+        sleeps_before, ran_before = _thread_sleeps_and_cpu(counted)
+        for op in range(ops):
+            tensor = torch.full((2,), float(rank + op), dtype=torch.float32)
+            if rank == late_rank:
+                time.sleep(late_s)
+            work = dist.all_reduce(tensor, async_op=async_op)
+            if async_op:
+                work.wait()
+            expected = float(world_size * op + world_size * (world_size - 1) // 2)
+            seen["right"] = seen["right"] and tensor.tolist() == [expected, expected]
+        sleeps, ran = _thread_sleeps_and_cpu(counted)
+        seen[name] = {"sleeps": (sleeps - sleeps_before) / ops, "cpu_s": (ran - ran_before) / ops}
+    return seen

@@ -14,6 +14,7 @@
 #include "cpu/algorithms/selector.hpp"
 #include "cpu/reduce/reduce_kernels.hpp"
 #include "cpu/p2p/p2p_engine.hpp"
+#include "cpu/transport/wait_policy.hpp"
 
 #include <signal.h>
 #include <unistd.h>
@@ -448,7 +449,10 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
   // for longer than kInlineWait: an async op stays async. The work then completes before it is
   // returned; a failure is raised by wait(), as for a queued op.
   cpu_->markStarted(ctx.seq);
-  if (issue.callerWaits || cpu_->peersStarted(ctx.seq, kInlineWait)) {
+  if (issue.callerWaits) {
+    CallerBlocksScope blocked;  // its waits may spin longer (DDPLITE_CALLER_SPIN_US)
+    runOp(*work, run, body);
+  } else if (cpu_->peersStarted(ctx.seq, kInlineWait)) {
     runOp(*work, run, body);
   } else {
     worker_->enqueueFirst(task(work, std::move(run), std::move(body)));

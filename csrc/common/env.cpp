@@ -33,6 +33,7 @@ constexpr const char* kShmChunkBytes = "DDPLITE_SHM_CHUNK_BYTES";
 constexpr const char* kShmInlineBytes = "DDPLITE_SHM_INLINE_BYTES";
 constexpr const char* kTcpSpinUs = "DDPLITE_TCP_SPIN_US";
 constexpr const char* kShmSpinUs = "DDPLITE_SHM_SPIN_US";
+constexpr const char* kCallerSpinUs = "DDPLITE_CALLER_SPIN_US";
 constexpr const char* kTcpSendChunkBytes = "DDPLITE_TCP_SEND_CHUNK_BYTES";
 constexpr const char* kSyncOnCaller = "DDPLITE_SYNC_ON_CALLER";
 constexpr const char* kRailsBytes = "DDPLITE_RAILS_BYTES";
@@ -66,6 +67,8 @@ constexpr int64_t kDefaultTcpSpinUs = 50;
 constexpr int64_t kMaximumTcpSpinUs = 100000;
 constexpr int64_t kDefaultShmSpinUs = 50;
 constexpr int64_t kMaximumShmSpinUs = 100000;
+constexpr int64_t kDefaultCallerSpinUs = 0;
+constexpr int64_t kMaximumCallerSpinUs = 100000;
 constexpr int64_t kDefaultTcpSendChunkBytes = 32 << 10;
 constexpr int64_t kMinimumTcpSendChunkBytes = 4096;
 constexpr int64_t kMaximumTcpSendChunkBytes = int64_t{1} << 30;
@@ -199,6 +202,15 @@ const std::vector<Knob>& allKnobs() {
               "CPU every 64 pauses, before it sleeps on a futex; a group with more than two ranks per CPU sleeps "
               "after 64 pauses whatever this says. 0: sleep after 64 pauses (0 to ", kMaximumShmSpinUs,
               "). Read when a group is created")},
+      {kCallerSpinUs, std::to_string(kDefaultCallerSpinUs),
+       strCat("How long (microseconds) a wait spins where the op runs on the thread that called it and blocks "
+              "on it (async_op=False, DDPLITE_SYNC_ON_CALLER), when longer than DDPLITE_SHM_SPIN_US or "
+              "DDPLITE_TCP_SPIN_US. Only where those spin at all: TCP waits of at most ",
+              kTcpSpinMaxBytes >> 10, " KiB on a host with at most two of the group's ranks per CPU, and the "
+              "segment of a host in a group across hosts; an async op's wait, on the worker thread, keeps the "
+              "shorter spin. 1000 ran small all_reduces 1.6x faster at 4 namespace hosts x 2 ranks on 2 cores, "
+              "and 3-5x slower where another busy process shared those cores. 0: the same spin as async ops "
+              "(0 to ", kMaximumCallerSpinUs, "). Read when a group is created")},
       {kSyncOnCaller, *kSwitch.begin(),
        "1: a CPU collective issued with async_op=False runs on the calling thread when nothing else of the "
        "group is queued or running (the caller blocks on it anyway; it saves two thread hand-offs). 0: it "
@@ -307,6 +319,7 @@ void validateAll() {
   readBytes(kShmInlineBytes, kDefaultShmInlineBytes, 0, kMaximumShmChunkBytes);
   readBytes(kTcpSpinUs, kDefaultTcpSpinUs, 0, kMaximumTcpSpinUs, "microseconds");
   readBytes(kShmSpinUs, kDefaultShmSpinUs, 0, kMaximumShmSpinUs, "microseconds");
+  readBytes(kCallerSpinUs, kDefaultCallerSpinUs, 0, kMaximumCallerSpinUs, "microseconds");
   readTcpSendChunkBytes();
   readChoice(kFingerprint, kSwitch);
   readChoice(kSyncOnCaller, kSwitch);
@@ -384,6 +397,11 @@ size_t tcpSendChunkBytes() {
 
 std::chrono::microseconds shmSpin() {
   return std::chrono::microseconds(readBytes(kShmSpinUs, kDefaultShmSpinUs, 0, kMaximumShmSpinUs, "microseconds"));
+}
+
+std::chrono::microseconds callerSpin() {
+  return std::chrono::microseconds(
+      readBytes(kCallerSpinUs, kDefaultCallerSpinUs, 0, kMaximumCallerSpinUs, "microseconds"));
 }
 
 int64_t railsBytes() { return readBytes(kRailsBytes, kDefaultRailsBytes, 0); }

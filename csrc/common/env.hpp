@@ -84,6 +84,12 @@ size_t tcpSendChunkBytes();
 // it is created); throws std::invalid_argument naming the knob for a bad value.
 std::chrono::microseconds shmSpin();
 
+// DDPLITE_CALLER_SPIN_US (0: off): how long a wait spins on a thread that runs an op it blocks on
+// (cpu/transport/wait_policy.hpp), where the shared-memory or TCP wait spins at all and its own spin is
+// shorter. Read each time (a group reads it when it is created); throws std::invalid_argument
+// naming the knob for a bad value.
+std::chrono::microseconds callerSpin();
+
 // DDPLITE_RAILS_BYTES: an all_reduce across hosts of at least this many bytes runs on rails, every
 // rank of a host carrying its share between hosts (cpu/hierarchy/allreduce_hierarchical.cpp); 0:
 // never. Read each time (a group reads it when it is created); throws std::invalid_argument naming

@@ -8,9 +8,11 @@
 #include "cpu/p2p/channels.hpp"
 #include "cpu/hierarchy/host_hierarchy.hpp"
 #include "cpu/shm/segment.hpp"
+#include "cpu/shm/futex_wait.hpp"
 #include "cpu/shm/shm_group.hpp"
 #include "cpu/transport/rank_view.hpp"
 #include "cpu/transport/tcp.hpp"
+#include "cpu/transport/wait_policy.hpp"
 #include "rendezvous/mpi.hpp"
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 namespace ddplite::cpu {
 
 CpuPath::CpuPath(Setup setup) : rank_(setup.rank), size_(setup.size), mpiData_(std::move(setup.mpiData)) {
+  ranksHereAtMost_ = size_;
   if (mpiData_) mpi_ = std::make_unique<MpiCollectives>(*mpiData_);
   StoreRendezvous& rendezvous = setup.rendezvous;
   transport_ = env::connectOnDemand(size_)
@@ -26,6 +29,12 @@ CpuPath::CpuPath(Setup setup) : rank_(setup.rank), size_(setup.size), mpiData_(s
                    : TcpTransport::connectFullMesh(rendezvous, rank_, size_, setup.connectBy, "",
                                                    env::fingerprintChecks());
   connectSharedMemory(setup);
+  // TCP waits (between hosts, or every wait of a group over TCP) spin longer on a blocked caller's
+  // thread, unless this host's ranks may crowd its CPUs (wait_policy.hpp). The constructor above
+  // made a TcpTransport.
+  if (ranksHereAtMost_ <= kSpinRanksPerCpu * usableCpus()) {
+    static_cast<TcpTransport&>(*transport_).setCallerSpin(env::callerSpin());
+  }
   p2p_ = std::make_unique<P2pEngine>(rank_, size_, connectPointToPoint(setup));
 }
 
@@ -154,7 +163,7 @@ void CpuPath::connectSharedMemory(Setup& setup) {
 void CpuPath::connectHostHierarchy(Setup& setup, const std::string& spansHosts) {
   std::string whyNot;
   hosts_ = HostHierarchy::create(setup.rendezvous, *transport_, rank_, size_,
-                                 static_cast<size_t>(env::shmChunkBytes()), &whyNot);
+                                 static_cast<size_t>(env::shmChunkBytes()), &whyNot, &ranksHereAtMost_);
   if (!hosts_) {
     why_ = strCat("DDPLITE_CPU_TRANSPORT=auto, and no shared memory: ", spansHosts, "; ", whyNot);
     DDPLITE_LOG(kInfo, "rank ", rank_, "/", size_, ": collectives over TCP: ", spansHosts, "; ", whyNot);

@@ -134,6 +134,8 @@ BACKEND_VARIANTS = {
     "ddplite-atinit": ("ddplite", {"DDPLITE_CONNECT": "at_init"}),
     "ddplite-xspin": ("ddplite", {"DDPLITE_SHM_SPIN_US": "3000", "DDPLITE_TCP_SPIN_US": "3000"}),
     "ddplite-nospin": ("ddplite", {"DDPLITE_SHM_SPIN_US": "0", "DDPLITE_TCP_SPIN_US": "0"}),
+    # a blocked caller's waits spin up to 1 ms (DDPLITE_CALLER_SPIN_US; off by default)
+    "ddplite-callerspin": ("ddplite", {"DDPLITE_CALLER_SPIN_US": "1000"}),
 }
 
 

@@ -43,10 +43,13 @@ std::string describeLayout(const std::vector<std::vector<int>>& hosts) {
 }  // namespace
 
 std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous, Transport& mesh, int rank, int size,
-                                                     size_t chunkBytes, std::string* whyNot) {
+                                                     size_t chunkBytes, std::string* whyNot, int* ranksOnThisHost) {
   const std::vector<std::vector<int>> hosts = ranksByHost(rendezvous, size);
   bool anyShared = false;
-  for (const auto& ranks : hosts) anyShared = anyShared || ranks.size() > 1;
+  for (const auto& ranks : hosts) {
+    anyShared = anyShared || ranks.size() > 1;
+    if (std::find(ranks.begin(), ranks.end(), rank) != ranks.end()) *ranksOnThisHost = static_cast<int>(ranks.size());
+  }
   if (!anyShared) {
     *whyNot = strCat("every host holds one rank (", describeLayout(hosts), ")");
     return nullptr;
@@ -106,6 +109,7 @@ std::unique_ptr<HostHierarchy> HostHierarchy::create(StoreRendezvous& rendezvous
     *whyNot = firstFailure;
     return nullptr;
   }
+  if (hierarchy->local_) hierarchy->local_->setCallerSpin(env::callerSpin());  // ShmGroup::setCallerSpin
   if (rank == mine->front() && hosts.size() > 1) hierarchy->leaders_ = std::make_unique<RankView>(mesh, leaders);
   hierarchy->railsFromBytes_ = env::railsBytes();
   const int myIndex = hierarchy->indexOnHost_[static_cast<size_t>(rank)];

@@ -25,9 +25,10 @@ class HostHierarchy {
   // Collective over the group, after ShmGroup::create() found that it spans hosts (every rank
   // has published its host identity in the group's store then). Null, with *whyNot, when it is
   // not worth it (every host holds one rank) or cannot be (a host's segment failed); every rank
-  // gets the same outcome.
+  // gets the same outcome. *ranksOnThisHost: how many of the group's ranks share this rank's
+  // host, whatever the outcome.
   static std::unique_ptr<HostHierarchy> create(StoreRendezvous& rendezvous, Transport& mesh, int rank, int size,
-                                               size_t chunkBytes, std::string* whyNot);
+                                               size_t chunkBytes, std::string* whyNot, int* ranksOnThisHost);
 
   // The ranks of this host as a group (null when this rank is alone on its host); local rank 0
   // is the host's leader.

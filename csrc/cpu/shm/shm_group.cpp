@@ -5,6 +5,7 @@
 #include "common/numa.hpp"
 #include "common/process_identity.hpp"
 #include "cpu/shm/futex_wait.hpp"
+#include "cpu/transport/wait_policy.hpp"
 
 #include <unistd.h>
 
@@ -33,8 +34,7 @@ constexpr unsigned kYieldEvery = 64;
 // sleeps after 64 pauses beyond (docs/data/shm_spin_ab.txt: with yields, the spin took a small
 // all_reduce at 3-4 ranks on 2 cores from 37-82 to 34-48 us; at 64 ranks it sped the op up but
 // slowed the first collective while ranks still arrived, 0.2-0.5 s to 5-10 s from the last
-// rank's init).
-constexpr int kSpinRanksPerCpu = 2;
+// rank's init): kSpinRanksPerCpu, cpu/transport/wait_policy.hpp, which the TCP waits share.
 constexpr unsigned kStartedYieldEvery = 1024;
 
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
@@ -496,7 +496,7 @@ void ShmGroup::waitForTree(Flag which, uint32_t target, Deadline deadline) {
   if (reached(group.treeReached.load(std::memory_order_seq_cst), target)) return;
   // Bounded by the deadline and cut short by this rank's abort() or a broken group, as in
   // waitUntilReached.
-  spinUntil<kYieldEvery>(std::min(deadline, Clock::now() + spin_),
+  spinUntil<kYieldEvery>(std::min(deadline, Clock::now() + spinFor(spin_, callerSpin_)),
                          [&] { return reached(group.treeReached.load(std::memory_order_acquire), target) || stopHint(); });
   if (reached(group.treeReached.load(std::memory_order_acquire), target)) return;
   // Who is missing is looked up only on this slow path, after a first slice: a wait that ends
@@ -625,7 +625,7 @@ void ShmGroup::waitUntilReached(int peer, Flag which, uint32_t target, Deadline 
   // The spin ends at the op's deadline at the latest, and at once when this rank aborted or any
   // rank broke the group (stopHint; the loop below reads both with seq_cst and throws). A peer's
   // abort() is seen by the loop's look at the peer (throwIfPeerGone), after the first slice.
-  spinUntil<kYieldEvery>(std::min(deadline, Clock::now() + spin_),
+  spinUntil<kYieldEvery>(std::min(deadline, Clock::now() + spinFor(spin_, callerSpin_)),
                          [&] { return reached(word.load(std::memory_order_acquire), target) || stopHint(); });
   if (reached(word.load(std::memory_order_acquire), target)) return;
   RankControl& theirs = control(peer);

@@ -158,6 +158,14 @@ class ShmGroup {
   // Settles a pending checkAllPostedLater() first (by `deadline`).
   void announceTcpCollective(const Fingerprint& fingerprint, Deadline deadline);
 
+  // A wait on a blocked caller's thread spins up to `spin` instead when longer (wait_policy.hpp),
+  // where this group spins at all. Set once, before the first collective, by the hierarchy across
+  // hosts for its host's segment. A group of one host keeps its spin: at 2 ranks on 2 cores the
+  // longer spin gained nothing (8 B, 64 KB, 16 MB and barrier alike, docs/data/crosshost/
+  // caller_spin_2026-12-01.md), and a rank that never sleeps keeps its core from a peer that
+  // waits behind another task there.
+  void setCallerSpin(std::chrono::microseconds spin) { callerSpin_ = spin; }
+
   // Why a rank left the group for good, as its peers' errors say it (RankControl::departed).
   enum class Departure : uint32_t { kAborted = 1, kFailed = 2, kShutDown = 3, kExiting = 4 };
   // This rank leaves the group: every waiter of this process wakes, and its blocked and later
@@ -292,6 +300,8 @@ class ShmGroup {
   // How long a step's waiter spins before it blocks: DDPLITE_SHM_SPIN_US, or 0 when the group has
   // more than kSpinRanksPerCpu (2) ranks per CPU of this process.
   const std::chrono::microseconds spin_;
+  // The spin on a blocked caller's thread (wait_policy.hpp): setCallerSpin, else 0.
+  std::chrono::microseconds callerSpin_{0};
   // How long peersStarted() looks at most: kStartedSpin, or 0 when the group has more ranks than
   // this process has CPUs.
   const std::chrono::microseconds startedSpin_;

@@ -8,6 +8,7 @@
 #include "common/logging.hpp"
 #include "cpu/transport/auth.hpp"
 #include "cpu/transport/net_iface.hpp"
+#include "cpu/transport/wait_policy.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -942,8 +943,9 @@ bool TcpTransport::tryRecv(Progress& progress) {
 
 // Progresses one send and/or one receive until both are done. Either may be null.
 void TcpTransport::transfer(Progress* sending, Progress* receiving, Deadline deadline) {
-  // A small transfer retries its sockets for up to spin_ (DDPLITE_TCP_SPIN_US) before its first
-  // poll(): a peer's small message usually lands within microseconds, and a sleep in poll() costs
+  // A small transfer retries its sockets for up to spin_ (DDPLITE_TCP_SPIN_US; on a blocked
+  // caller's thread DDPLITE_CALLER_SPIN_US where set: wait_policy.hpp) before its first poll():
+  // a peer's small message usually lands within microseconds, and a sleep in poll() costs
   // a wake-up (tens of microseconds) on top. sched_yield between tries lets a rank that shares
   // this core run. Measured by scripts/crosshost_bench.py (docs/benchmarks.md, "Across hosts").
   std::optional<Deadline> spinUntil;
@@ -954,8 +956,9 @@ void TcpTransport::transfer(Progress* sending, Progress* receiving, Deadline dea
     if (sent && received) return;
     if (!spinUntil) {
       const size_t left = (sent ? 0 : sending->left) + (received ? 0 : receiving->left);
-      spinUntil = spin_.count() > 0 && left <= env::kTcpSpinMaxBytes ? std::min(deadline, Clock::now() + spin_)
-                                                                     : Deadline::min();
+      const auto spin = spinFor(spin_, callerSpin_);
+      spinUntil = spin.count() > 0 && left <= env::kTcpSpinMaxBytes ? std::min(deadline, Clock::now() + spin)
+                                                                    : Deadline::min();
     }
     if (Clock::now() < *spinUntil) {
       sched_yield();

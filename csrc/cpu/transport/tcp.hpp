@@ -68,6 +68,10 @@ class TcpTransport final : public Transport {
   ~TcpTransport() override;
 
   bool onDemand() const { return onDemand_ != nullptr; }
+  // A small transfer on a blocked caller's thread spins up to `spin` instead of spin_ when longer
+  // (wait_policy.hpp); 0, the default: spin_ everywhere. Set once by the CPU path, before the
+  // first transfer, where this host holds at most kSpinRanksPerCpu of the group's ranks per CPU.
+  void setCallerSpin(std::chrono::microseconds spin) { callerSpin_ = spin; }
   // Called on the acceptor thread each time it takes a peer's connection (on demand only): the
   // send/recv pump's wake-up, so it starts watching that socket. Set before the first transfer.
   void setOnAccepted(std::function<void()> callback);
@@ -201,6 +205,7 @@ class TcpTransport final : public Transport {
   // mesh, used by several threads at once, is never armed, so its transfers never touch it.
   // How long a small transfer retries its sockets before it sleeps in poll() (transfer()).
   const std::chrono::microseconds spin_;
+  std::chrono::microseconds callerSpin_{0};  // setCallerSpin: before the first transfer
   // The most bytes one send() hands the kernel (DDPLITE_TCP_SEND_CHUNK_BYTES; SIZE_MAX for its 0,
   // no limit): the kernel holds the socket's lock through a send(), and the peer's bytes on the
   // same socket wait.
