@@ -12,6 +12,7 @@
   down to sends that split elements and headers' payloads at odd offsets.
 """
 
+import os
 import time
 
 import pytest
@@ -221,6 +222,12 @@ def test_work_stages_are_ordered_and_only_read_once_the_op_completed():
     assert "has not completed yet; call work.wait() first" in results[0]["early"], results[0]
 
 
+# The thread's run time, which tells a spin from a sleep (CONFIG_SCHED_INFO; absent in some sandboxes).
+needs_schedstat = pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"),
+                                     reason="no /proc/<pid>/task/<tid>/schedstat on this kernel")
+
+
+@needs_schedstat
 @pytest.mark.parametrize("caller_spin_us", ["100000", "0"])
 def test_a_blocked_caller_spins_through_a_late_peer_and_the_worker_sleeps(caller_spin_us):
     """Rank 1 comes 5 ms late to each of 20 all_reduces over TCP. A sync op runs on rank 0's
@@ -228,7 +235,8 @@ def test_a_blocked_caller_spins_through_a_late_peer_and_the_worker_sleeps(caller
     CPU time per op is most of the 5 ms; 5.3 ms here) and does not sleep; with 0 (the async spin,
     50 us) it sleeps in poll() once per op and runs 0.2 ms. The async ops run on the worker, which
     keeps the 50 us spin whatever the caller's (0.04-0.12 ms per op here; with
-    DDPLITE_TCP_SPIN_US=100000 it ran 5.2 ms, so the measure sees a spinning worker)."""
+    DDPLITE_TCP_SPIN_US=100000 it ran 5.2 ms, so the measure sees a spinning worker): that check
+    tells something only with the caller's spin set."""
     late_s = 0.005
     results = run_ranks(workers.sleeps_while_a_peer_is_late, 2, 1, late_s,
                         env={"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_CALLER_SPIN_US": caller_spin_us})
@@ -237,5 +245,5 @@ def test_a_blocked_caller_spins_through_a_late_peer_and_the_worker_sleeps(caller
     if caller_spin_us == "0":
         assert sync["sleeps"] >= 0.9 and sync["cpu_s"] < 0.2 * late_s, sync
     else:
-        assert sync["sleeps"] <= 0.5 and sync["cpu_s"] > 0.25 * late_s, sync
+        assert sync["sleeps"] <= 0.5 and sync["cpu_s"] > 0.15 * late_s, sync
     assert asynchronous["cpu_s"] < 0.2 * late_s, asynchronous

@@ -772,6 +772,8 @@ print("OUTCOME " + json.dumps(outcome), flush=True)
 """
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"),
+                    reason="no /proc/<pid>/task/<tid>/schedstat on this kernel (the thread's run time)")
 @pytest.mark.parametrize("caller_spin_us", ["100000", "0"])
 def test_blocked_callers_spin_through_a_late_rank_across_hosts(hosts, caller_spin_us):
     """2 hosts x 2 ranks, hierarchical; rank 3 (host 1's non-leader) comes 5 ms late to each of 20

@@ -209,7 +209,8 @@ const std::vector<Knob>& allKnobs() {
               kTcpSpinMaxBytes >> 10, " KiB on a host with at most two of the group's ranks per CPU, and the "
               "segment of a host in a group across hosts; an async op's wait, on the worker thread, keeps the "
               "shorter spin. 1000 ran small all_reduces 1.6x faster at 4 namespace hosts x 2 ranks on 2 cores, "
-              "and 3-5x slower where another busy process shared those cores. 0: the same spin as async ops "
+              "and 3.1-5.5x slower under other load on those cores (4.1x beside one busy process). 0: the same "
+              "spin as async ops "
               "(0 to ", kMaximumCallerSpinUs, "). Read when a group is created")},
       {kSyncOnCaller, *kSwitch.begin(),
        "1: a CPU collective issued with async_op=False runs on the calling thread when nothing else of the "

@@ -30,9 +30,10 @@ CpuPath::CpuPath(Setup setup) : rank_(setup.rank), size_(setup.size), mpiData_(s
                                                    env::fingerprintChecks());
   connectSharedMemory(setup);
   // TCP waits (between hosts, or every wait of a group over TCP) spin longer on a blocked caller's
-  // thread, unless this host's ranks may crowd its CPUs (wait_policy.hpp). The constructor above
-  // made a TcpTransport.
-  if (ranksHereAtMost_ <= kSpinRanksPerCpu * usableCpus()) {
+  // thread, unless this host's ranks may crowd its CPUs (wait_policy.hpp), or the group is on one
+  // host's segment (its few TCP collectives keep the spin of the segment's waits). The constructor
+  // above made a TcpTransport.
+  if (!shm_ && ranksHereAtMost_ <= kSpinRanksPerCpu * usableCpus()) {
     static_cast<TcpTransport&>(*transport_).setCallerSpin(env::callerSpin());
   }
   p2p_ = std::make_unique<P2pEngine>(rank_, size_, connectPointToPoint(setup));

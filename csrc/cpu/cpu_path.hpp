@@ -129,7 +129,9 @@ class CpuPath {
   std::unique_ptr<MpiCollectives> mpi_;  // null unless DDPLITE_CPU_TRANSPORT=mpi
   std::unique_ptr<Transport> transport_;
   // The most of the group's ranks this host may hold: the host layout's count once a group
-  // across hosts has read it (connectHostHierarchy), else the group's size.
+  // across hosts has read it (connectHostHierarchy), else the group's size (DDPLITE_CPU_TRANSPORT
+  // =tcp or mpi reads no layout). Ranks of other hosts on the same machine (containers, network
+  // namespaces) are not counted.
   int ranksHereAtMost_ = 0;
   std::unique_ptr<ShmGroup> shm_;         // set when every rank shares this host
   std::unique_ptr<HostHierarchy> hosts_;  // set when the group spans hosts and some host holds several ranks

@@ -9,12 +9,15 @@
 // (set by HostHierarchy; a group on one host keeps its spin, ShmGroup::setCallerSpin says why).
 // Never where the wait's own setting is 0, nor where more than kSpinRanksPerCpu of the group's
 // ranks share each CPU of this host: there a spinning rank holds a core that the rank it waits
-// for needs (ShmGroup's spin_ is 0 then, and CpuPath gives the TCP transport no caller spin). An
+// for needs (ShmGroup's spin_ is 0 then, and CpuPath gives the TCP transport no caller spin). A
+// host is what the group's host layout says: ranks of other "hosts" on the same machine (network
+// namespaces, containers) are not counted, as in the measurement below. An
 // async op's wait, on the group's worker, keeps the short spin: its caller computes on the same
 // cores meanwhile (DDP's buckets).
 // Why off by default (docs/benchmarks.md, "Across hosts"): at 4 namespace hosts x 2 ranks on 2
-// cores, 1000 us took an 8-byte all_reduce 1.6x faster on a quiet machine and 3-5x slower with
-// one busy process beside the ranks (why was not found). A spin that ended once a yield had been
+// cores (2 ranks and 2 CPUs per host as the check sees it, 8 ranks on the machine's 2 cores),
+// 1000 us took an 8-byte all_reduce 1.6x faster on a machine with no other work and 3.1-5.5x
+// slower under other load (4.1x beside one busy process; why was not found). A spin that ended once a yield had been
 // away for long (40 or 200 us) did not tell the two apart.
 //
 // Threading: CallerBlocksScope marks the constructing thread until it is destroyed; spinFor reads
