@@ -5,8 +5,9 @@
 // its caller blocks on (async_op=False, run on the calling thread by DdpliteBackend::enqueue),
 // nothing else waits for that thread, and a sleep costs a wake-up through the scheduler: there it
 // may spin up to DDPLITE_CALLER_SPIN_US instead (0 by default: off), where the owner of the wait
-// allows it: the TCP transport (set by CpuPath) and the segment of a host in a group across hosts
-// (set by HostHierarchy; a group on one host keeps its spin, ShmGroup::setCallerSpin says why).
+// allows it: the TCP transport (set by CpuPath, unless the group is on one host's segment) and
+// the segment of a host in a group across hosts (set by HostHierarchy; a group on one host keeps
+// its spin, ShmGroup::setCallerSpin says why).
 // Never where the wait's own setting is 0, nor where more than kSpinRanksPerCpu of the group's
 // ranks share each CPU of this host: there a spinning rank holds a core that the rank it waits
 // for needs (ShmGroup's spin_ is 0 then, and CpuPath gives the TCP transport no caller spin). A
