@@ -137,7 +137,8 @@ def timed_ops(rank, world_size):
     return out
 
 
-def _thread_names():
+def threads_by_id():
+    """{thread id: name} of this process's threads."""
     names = {}
     for tid in os.listdir("/proc/self/task"):
         try:
@@ -150,11 +151,11 @@ def _thread_names():
 
 def thread_names(rank, world_size, store_path):
     """The threads init_process_group and a first collective and send/recv start: their names."""
-    before = _thread_names()
+    before = threads_by_id()
     dist.init_process_group("ddplite", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=60))
     wrong = _issue_every_op(rank, world_size)
-    after = _thread_names()
+    after = threads_by_id()
     new = sorted(name for tid, name in after.items() if tid not in before)
     dist.barrier()  # before any rank destroys the group: a peer's close ends our receiver for it
     dist.destroy_process_group()

@@ -748,15 +748,6 @@ def _thread_sleeps_and_cpu(thread_id):
     return sleeps[0], ran_ns / 1e9
 
 
-def _worker_thread_ids():
-    ids = []
-    for name in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{name}/comm") as comm:
-            if comm.read().strip() == "ddplite-worker":
-                ids.append(int(name))
-    return ids
-
-
 def sleeps_while_a_peer_is_late(rank, world_size, late_rank, late_s=0.005, ops=20):
     """`ops` all_reduces of 8 bytes for which `late_rank` arrives late_s late each time, issued
     sync (run on this thread: DDPLITE_SYNC_ON_CALLER) then async (run on the group's worker, waited
@@ -764,7 +755,9 @@ def sleeps_while_a_peer_is_late(rank, world_size, late_rank, late_s=0.005, ops=2
     how many seconds it ran, per op; and whether every sum was right (closed form)."""
     import threading
 
-    workers_before = _worker_thread_ids()
+    import observability_workers
+
+    workers_before = [tid for tid, name in observability_workers.threads_by_id().items() if name == "ddplite-worker"]
     assert len(workers_before) == 1, workers_before  # the WORLD group's, so its counts are the ops'
     seen = {"right": True}
     for name, async_op in (("sync", False), ("async", True)):
