@@ -206,12 +206,12 @@ const std::vector<Knob>& allKnobs() {
        strCat("How long (microseconds) a wait spins where the op runs on the thread that called it and blocks "
               "on it (async_op=False, DDPLITE_SYNC_ON_CALLER), when longer than DDPLITE_SHM_SPIN_US or "
               "DDPLITE_TCP_SPIN_US. Only where those spin at all: TCP waits of at most ",
-              kTcpSpinMaxBytes >> 10, " KiB of a group not on one host's segment, on a host with at most two of the group's ranks per CPU, and the "
-              "segment of a host in a group across hosts; an async op's wait, on the worker thread, keeps the "
-              "shorter spin. 1000 ran small all_reduces 1.6x faster at 4 namespace hosts x 2 ranks on 2 cores, "
-              "and 3.1-5.5x slower under other load on those cores (4.1x beside one busy process). 0: the same "
-              "spin as async ops "
-              "(0 to ", kMaximumCallerSpinUs, "). Read when a group is created")},
+              kTcpSpinMaxBytes >> 10, " KiB of a group not on one host's segment, on a host with at most two of "
+              "the group's ranks per CPU, and the segment of a host in a group across hosts; an async op's "
+              "wait, on the worker thread, keeps the shorter spin. 1000 ran small all_reduces 1.6x faster at 4 "
+              "namespace hosts x 2 ranks on 2 cores, and 3.1-5.5x slower under other load on those cores (4.1x "
+              "beside one busy process). 0: the same spin as async ops (0 to ", kMaximumCallerSpinUs,
+              "). Read when a group is created")},
       {kSyncOnCaller, *kSwitch.begin(),
        "1: a CPU collective issued with async_op=False runs on the calling thread when nothing else of the "
        "group is queued or running (the caller blocks on it anyway; it saves two thread hand-offs). 0: it "
