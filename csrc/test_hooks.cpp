@@ -5,6 +5,7 @@
 #include "test_hooks.hpp"
 
 #include "backend/backend.hpp"
+#include "backend/caller_spin_trial.hpp"
 #include "backend/coalescing.hpp"
 #include "binding_helpers.hpp"
 #include "common/numa.hpp"
@@ -197,6 +198,21 @@ void bindTestHooks(py::module_& m) {
         return py::bool_(held);
       },
       py::arg("backend"), py::arg("key"), "Whether a store bootstrap's key is still in the store (None: MPI bootstrap).");
+  m.def(
+      "caller_spin_trial",
+      [](bool measured, const std::vector<std::tuple<uint64_t, double, double>>& ops) {
+        ddplite::CallerSpinTrial trial(measured);
+        std::vector<bool> spun;
+        for (const auto& [seq, spinUs, sleepUs] : ops) {
+          const bool spin = trial.spins(seq);
+          trial.record(seq, spin, std::chrono::nanoseconds(static_cast<int64_t>((spin ? spinUs : sleepUs) * 1000)));
+          spun.push_back(spin);
+        }
+        return spun;
+      },
+      py::arg("measured"), py::arg("ops"),
+      "Runs backend/caller_spin_trial.hpp over ops (sequence number, us it takes spinning, us sleeping): "
+      "whether each op spun.");
   bindNcclRules(m.def_submodule("nccl_rules", "The NCCL path's decisions (cuda/rules/nccl_rules.hpp), without a GPU."));
   m.def("automatic_algorithm", &ddplite::cpu::automaticChoiceByName, py::arg("collective"), py::arg("bytes"),
         py::arg("world_size"), "The algorithm the automatic rule picks (pins ignored); docs/algorithms.md.");

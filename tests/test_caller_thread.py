@@ -8,6 +8,8 @@
   no result depends on it, and a peer that dies is still reported at once.
 * A wait on the thread of a caller that blocks on its op spins up to DDPLITE_CALLER_SPIN_US
   before it sleeps; an async op's wait, on the worker, keeps DDPLITE_TCP_SPIN_US (wait_policy.hpp).
+  Unless DDPLITE_CALLER_SPIN_TRIAL=0, the group tries spinning and sleeping by turns and keeps the
+  spin only where it made the ops faster (backend/caller_spin_trial.hpp).
 * A TCP send() hands the kernel at most DDPLITE_TCP_SEND_CHUNK_BYTES: no result depends on it,
   down to sends that split elements and headers' payloads at odd offsets.
 """
@@ -231,7 +233,7 @@ needs_schedstat = pytest.mark.skipif(not os.path.exists("/proc/thread-self/sched
 @pytest.mark.parametrize("caller_spin_us", ["100000", "0"])
 def test_a_blocked_caller_spins_through_a_late_peer_and_the_worker_sleeps(caller_spin_us):
     """Rank 1 comes 5 ms late to each of 20 all_reduces over TCP. A sync op runs on rank 0's
-    thread, which spins up to DDPLITE_CALLER_SPIN_US: with 100 ms it runs through the wait (its
+    thread, which spins up to DDPLITE_CALLER_SPIN_US (always: DDPLITE_CALLER_SPIN_TRIAL=0): with 100 ms it runs through the wait (its
     CPU time per op is most of the 5 ms; 5.3 ms here) and does not sleep; with 0 (the async spin,
     50 us) it sleeps in poll() once per op and runs 0.2 ms. The async ops run on the worker, which
     keeps the 50 us spin whatever the caller's (0.04-0.12 ms per op here; with
@@ -239,7 +241,8 @@ def test_a_blocked_caller_spins_through_a_late_peer_and_the_worker_sleeps(caller
     tells something only with the caller's spin set."""
     late_s = 0.005
     results = run_ranks(workers.sleeps_while_a_peer_is_late, 2, 1, late_s,
-                        env={"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_CALLER_SPIN_US": caller_spin_us})
+                        env={"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_CALLER_SPIN_US": caller_spin_us,
+                             "DDPLITE_CALLER_SPIN_TRIAL": "0"})
     assert all(result["right"] for result in results), results
     sync, asynchronous = results[0]["sync"], results[0]["async"]
     if caller_spin_us == "0":
@@ -247,3 +250,84 @@ def test_a_blocked_caller_spins_through_a_late_peer_and_the_worker_sleeps(caller
     else:
         assert sync["sleeps"] <= 0.5 and sync["cpu_s"] > 0.15 * late_s, sync
     assert asynchronous["cpu_s"] < 0.2 * late_s, asynchronous
+
+
+@needs_schedstat
+def test_the_trial_keeps_a_blocked_caller_sleeping_where_spinning_does_not_make_ops_faster():
+    """As above with DDPLITE_CALLER_SPIN_US=100000 and the trial on (its default), rank 1 20 ms late
+    to every op: a spin does not bring the late rank sooner, so the trial, over the first 40 sync
+    ops, finds spinning no faster (its median within 0.9x of sleeping's) and the 20 ops after it
+    sleep once each and run for a fraction of the 20 ms, as with no caller spin at all."""
+    late_s = 0.02
+    results = run_ranks(workers.sleeps_while_a_peer_is_late, 2, 1, late_s, 20, 40,
+                        env={"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_CALLER_SPIN_US": "100000"})
+    assert all(result["right"] for result in results), results
+    sync = results[0]["sync"]
+    assert sync["sleeps"] >= 0.9 and sync["cpu_s"] < 0.1 * late_s, sync
+
+
+def _trial(measured, ops):
+    import torch_ddp_lite
+
+    return torch_ddp_lite._load_extension().caller_spin_trial(measured, ops)
+
+
+PERIOD, BLOCK, TRIAL_OPS = 256, 8, 8  # backend/caller_spin_trial.hpp
+
+
+def _thue_morse_spins(seq):
+    return bin(seq // BLOCK).count("1") % 2 == 0
+
+
+def test_the_trial_takes_turns_in_blocks_and_keeps_the_faster_side():
+    """Ops 1..PERIOD-1 of one period, every op timed 100 us spinning and 200 us sleeping: the trial
+    runs its blocks by the Thue-Morse rule until each side has TRIAL_OPS timed ops that followed
+    one of the same side (the first op of a block is not timed), then every op spins; with the
+    times swapped every op after the trial sleeps."""
+    for spin_us, sleep_us, kept in ((100.0, 200.0, True), (200.0, 100.0, False)):
+        seqs = list(range(1, PERIOD))
+        spun = _trial(True, [(seq, spin_us, sleep_us) for seq in seqs])
+        timed = {True: 0, False: 0}
+        end = None
+        for index, seq in enumerate(seqs):
+            if end is None:
+                assert spun[index] == _thue_morse_spins(seq), (seq, spun[:index + 1])
+                if index > 0 and spun[index - 1] == spun[index]:
+                    timed[spun[index]] += 1
+                if min(timed.values()) >= TRIAL_OPS:
+                    end = index + 1
+        assert end is not None and end < 6 * BLOCK, end
+        assert all(choice == kept for choice in spun[end:]), (kept, spun[end:])
+
+
+def test_the_trial_keeps_sleeping_within_its_margin_and_without_measurement_always_spins():
+    """Spinning at 0.95x sleeping's time is not enough (the margin is 0.9x); at 0.85x it is. With
+    measured=False (DDPLITE_CALLER_SPIN_TRIAL=0) every op spins whatever the times."""
+    seqs = range(1, PERIOD)
+    assert not any(_trial(True, [(seq, 95.0, 100.0) for seq in seqs])[6 * BLOCK:])
+    assert all(_trial(True, [(seq, 85.0, 100.0) for seq in seqs])[6 * BLOCK:])
+    assert all(_trial(False, [(seq, 500.0, 1.0) for seq in seqs]))
+
+
+def test_the_first_op_after_a_switch_is_not_timed():
+    """The first op of each block waits out the peers' previous op, run the other way: it is not
+    timed. Here it alone takes 10 ms while every other op spins in 100 us and sleeps in 200 us:
+    spinning is still kept; timing those ops would have made both medians noise."""
+    ops = [(seq, 10000.0 if seq % BLOCK == 0 else 100.0, 10000.0 if seq % BLOCK == 0 else 200.0)
+           for seq in range(PERIOD, 2 * PERIOD)]
+    assert all(_trial(True, ops)[6 * BLOCK:])
+
+
+def test_each_period_tries_again_and_a_period_of_few_ops_takes_turns_throughout():
+    """Period 1 finds spinning faster and spins after its trial; period 3 finds sleeping faster and
+    sleeps after its trial. Period 2 has one op per block, too few to fill a trial: every one of
+    them takes its block's turn."""
+    ops = [(seq, 100.0, 200.0) for seq in range(PERIOD, 2 * PERIOD)]
+    sparse = [(seq, 100.0, 200.0) for seq in range(2 * PERIOD + 3, 3 * PERIOD, BLOCK)]
+    ops += sparse
+    ops += [(seq, 300.0, 100.0) for seq in range(3 * PERIOD, 4 * PERIOD)]
+    spun = _trial(True, ops)
+    assert all(spun[6 * BLOCK:PERIOD]), spun[:PERIOD]
+    assert spun[PERIOD:PERIOD + len(sparse)] == [_thue_morse_spins(seq) for seq, _, _ in sparse]
+    third = spun[PERIOD + len(sparse):]
+    assert not any(third[6 * BLOCK:]), third

@@ -779,12 +779,12 @@ def test_blocked_callers_spin_through_a_late_rank_across_hosts(hosts, caller_spi
     """2 hosts x 2 ranks, hierarchical; rank 3 (host 1's non-leader) comes 5 ms late to each of 20
     all_reduces. Every other rank waits for it: rank 2 in host 1's segment, rank 0 (host 0's
     leader) on its socket to rank 2, rank 1 in host 0's segment for its leader's broadcast. Their
-    sync ops run on their own threads, which spin up to DDPLITE_CALLER_SPIN_US: with 100 ms they
+    sync ops run on their own threads, which spin up to DDPLITE_CALLER_SPIN_US (always: no trial): with 100 ms they
     run through the wait and do not sleep, with 0 each sleeps (a futex or poll()) once per op. The
     async ops, on the worker, keep the short spin (tests/test_caller_thread.py on one host)."""
     network = hosts(2)
     url = f"tcp://{network.addresses[0]}:{STORE_PORT}"
-    env = host_environment("eth0", DDPLITE_CALLER_SPIN_US=caller_spin_us)
+    env = host_environment("eth0", DDPLITE_CALLER_SPIN_US=caller_spin_us, DDPLITE_CALLER_SPIN_TRIAL="0")
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     jobs = [start(network.run(host, [sys.executable, "-c", LATE_NON_LEADER, url, str(rank), "4", tests_dir]), env)
             for rank, host in enumerate([0, 0, 1, 1])]

@@ -227,6 +227,7 @@ BAD_KNOB_VALUES = [
     ("DDPLITE_TCP_SPIN_US", "-1", "use a whole number of microseconds >= 0 and <= 100000 (the default is 50)"),
     ("DDPLITE_SHM_SPIN_US", "100001", "use a whole number of microseconds >= 0 and <= 100000 (the default is 50)"),
     ("DDPLITE_CALLER_SPIN_US", "1ms", "use a whole number of microseconds >= 0 and <= 100000 (the default is 0)"),
+    ("DDPLITE_CALLER_SPIN_TRIAL", "on", "use one of: 1 (the default), 0"),
     ("DDPLITE_TCP_SEND_CHUNK_BYTES", "32k", "use 0 (no limit) or a whole number of bytes >= 4096 and <= 1073741824 (the default is 32768)"),
     ("DDPLITE_TCP_SEND_CHUNK_BYTES", "100", "use 0 (no limit) or a whole number of bytes >= 4096 and <= 1073741824 (the default is 32768)"),
     ("DDPLITE_TCP_SEND_CHUNK_BYTES", "4095", "use 0 (no limit) or a whole number of bytes >= 4096 and <= 1073741824 (the default is 32768)"),

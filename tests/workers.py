@@ -748,11 +748,12 @@ def _thread_sleeps_and_cpu(thread_id):
     return sleeps[0], ran_ns / 1e9
 
 
-def sleeps_while_a_peer_is_late(rank, world_size, late_rank, late_s=0.005, ops=20):
+def sleeps_while_a_peer_is_late(rank, world_size, late_rank, late_s=0.005, ops=20, untimed_sync_ops=0):
     """`ops` all_reduces of 8 bytes for which `late_rank` arrives late_s late each time, issued
     sync (run on this thread: DDPLITE_SYNC_ON_CALLER) then async (run on the group's worker, waited
-    for with wait()). Returns per issue, for the thread that ran the ops, how often it slept and
-    how many seconds it ran, per op; and whether every sum was right (closed form)."""
+    for with wait()), the sync ones after `untimed_sync_ops` more of them, late the same way and
+    not counted. Returns per issue, for the thread that ran the ops, how often it slept and how
+    many seconds it ran, per op; and whether every sum was right (closed form)."""
     import threading
 
     import observability_workers
@@ -763,8 +764,10 @@ def sleeps_while_a_peer_is_late(rank, world_size, late_rank, late_s=0.005, ops=2
     for name, async_op in (("sync", False), ("async", True)):
         counted = workers_before[0] if async_op else threading.get_native_id()
         dist.barrier()
-        sleeps_before, ran_before = _thread_sleeps_and_cpu(counted)
-        for op in range(ops):
+        untimed = 0 if async_op else untimed_sync_ops
+        for op in range(-untimed, ops):
+            if op == 0:
+                sleeps_before, ran_before = _thread_sleeps_and_cpu(counted)
             tensor = torch.full((2,), float(rank + op), dtype=torch.float32)
             if rank == late_rank:
                 time.sleep(late_s)

@@ -225,6 +225,8 @@ DdpliteBackend::DdpliteBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   recorder_ = FlightRecorder::create(std::move(trace), globalRank);
   detailChecks_ = env::detailChecks();
   syncOnCaller_ = env::syncOpsOnCaller();
+  // Without a caller spin the mark changes nothing: every op takes it, as before the trial.
+  callerSpinTrial_ = CallerSpinTrial(env::callerSpin().count() > 0 && env::callerSpinTrial());
   installTraceSignalHandler();
   worker_ = std::make_unique<Worker>();
   status_ = health::registerGroup(
@@ -450,8 +452,15 @@ c10::intrusive_ptr<c10d::Work> DdpliteBackend::enqueue(OpContext ctx, OpType typ
   // returned; a failure is raised by wait(), as for a queued op.
   cpu_->markStarted(ctx.seq);
   if (issue.callerWaits) {
-    CallerBlocksScope blocked;  // its waits may spin longer (DDPLITE_CALLER_SPIN_US)
-    runOp(*work, run, body);
+    // Its waits may spin longer (DDPLITE_CALLER_SPIN_US), where the trial keeps the spin.
+    const bool spin = callerSpinTrial_.spins(ctx.seq);
+    const auto started = Clock::now();
+    {
+      std::optional<CallerBlocksScope> blocked;
+      if (spin) blocked.emplace();
+      runOp(*work, run, body);
+    }
+    callerSpinTrial_.record(ctx.seq, spin, Clock::now() - started);
   } else if (cpu_->peersStarted(ctx.seq, kInlineWait)) {
     runOp(*work, run, body);
   } else {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "backend/arrival_recorder.hpp"
+#include "backend/caller_spin_trial.hpp"
 #include "backend/coalescing.hpp"
 #include "backend/detail_check.hpp"
 #include "backend/flight_recorder.hpp"
@@ -368,6 +369,9 @@ class DdpliteBackend final : public c10d::Backend {
   std::unique_ptr<WaitLedger> waits_;  // the last collectives' arrival and end (stragglers); null when off
   bool detailChecks_ = false;  // DDPLITE_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL; set once in the constructor
   bool syncOnCaller_ = true;   // DDPLITE_SYNC_ON_CALLER; set once in the constructor (issued())
+  // Whether an op run on its caller spins (DDPLITE_CALLER_SPIN_TRIAL); only the holder of the
+  // worker claim uses it (enqueue). Set once in the constructor.
+  CallerSpinTrial callerSpinTrial_{false};
 
   std::atomic<bool> closed_{false};
   // The process that built this group. A forked child holds a copy of this object without its

@@ -34,6 +34,7 @@ constexpr const char* kShmInlineBytes = "DDPLITE_SHM_INLINE_BYTES";
 constexpr const char* kTcpSpinUs = "DDPLITE_TCP_SPIN_US";
 constexpr const char* kShmSpinUs = "DDPLITE_SHM_SPIN_US";
 constexpr const char* kCallerSpinUs = "DDPLITE_CALLER_SPIN_US";
+constexpr const char* kCallerSpinTrial = "DDPLITE_CALLER_SPIN_TRIAL";
 constexpr const char* kTcpSendChunkBytes = "DDPLITE_TCP_SEND_CHUNK_BYTES";
 constexpr const char* kSyncOnCaller = "DDPLITE_SYNC_ON_CALLER";
 constexpr const char* kRailsBytes = "DDPLITE_RAILS_BYTES";
@@ -212,6 +213,11 @@ const std::vector<Knob>& allKnobs() {
               "namespace hosts x 2 ranks on 2 cores, and 3.1-5.5x slower under other load on those cores (4.1x "
               "beside one busy process). 0: the same spin as async ops (0 to ", kMaximumCallerSpinUs,
               "). Read when a group is created")},
+      {kCallerSpinTrial, *kSwitch.begin(),
+       "Where DDPLITE_CALLER_SPIN_US is set: 1: a group's sync ops run on their caller try spinning and sleeping "
+       "by turns, 16 ops each at the start of every 4096 sequence numbers, and the rest of those keep the spin "
+       "only if its median time was under 0.9x the sleep's (backend/caller_spin_trial.hpp); 0: they always "
+       "spin. Read when a group is created"},
       {kSyncOnCaller, *kSwitch.begin(),
        "1: a CPU collective issued with async_op=False runs on the calling thread when nothing else of the "
        "group is queued or running (the caller blocks on it anyway; it saves two thread hand-offs). 0: it "
@@ -324,6 +330,7 @@ void validateAll() {
   readTcpSendChunkBytes();
   readChoice(kFingerprint, kSwitch);
   readChoice(kSyncOnCaller, kSwitch);
+  readChoice(kCallerSpinTrial, kSwitch);
   readBytes(kRailsBytes, kDefaultRailsBytes, 0);
   readChoice(kAuth, kSwitch);
   readChoice(kConnect, kConnectModes);
@@ -491,6 +498,10 @@ bool fingerprintChecks() {
 
 bool syncOpsOnCaller() {
   return readChoice(kSyncOnCaller, kSwitch) == 0;
+}
+
+bool callerSpinTrial() {
+  return readChoice(kCallerSpinTrial, kSwitch) == 0;
 }
 
 int64_t stragglerReportSeconds() {

@@ -90,6 +90,12 @@ std::chrono::microseconds shmSpin();
 // naming the knob for a bad value.
 std::chrono::microseconds callerSpin();
 
+// DDPLITE_CALLER_SPIN_TRIAL (1): whether a group measures spinning against sleeping for the ops
+// its callers block on and keeps the faster (backend/caller_spin_trial.hpp), or always spins. Read
+// each time (a group reads it when it is created); throws std::invalid_argument naming the knob for a
+// bad value.
+bool callerSpinTrial();
+
 // DDPLITE_RAILS_BYTES: an all_reduce across hosts of at least this many bytes runs on rails, every
 // rank of a host carrying its share between hosts (cpu/hierarchy/allreduce_hierarchical.cpp); 0:
 // never. Read each time (a group reads it when it is created); throws std::invalid_argument naming

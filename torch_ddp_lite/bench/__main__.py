@@ -118,7 +118,7 @@ def known_backends(device):
 
     known = ["ddplite", "gloo", "ddplite-tcp", "ddplite-shm", "ddplite-unchecked", "ddplite-generic", "ddplite-flat",
              "ddplite-tree", "ddplite-ondemand", "ddplite-atinit", "ddplite-handoff", "ddplite-leaders",
-             "ddplite-wholesend", "ddplite-xspin", "ddplite-nospin", "ddplite-callerspin", MEMCPY]
+             "ddplite-wholesend", "ddplite-xspin", "ddplite-nospin", "ddplite-callerspin", "ddplite-spintrial", MEMCPY]
     if torch_ddp_lite.build_info()["mpi"]:
         known.append("ddplite-mpi")
     if dist.is_mpi_available():

@@ -134,8 +134,10 @@ BACKEND_VARIANTS = {
     "ddplite-atinit": ("ddplite", {"DDPLITE_CONNECT": "at_init"}),
     "ddplite-xspin": ("ddplite", {"DDPLITE_SHM_SPIN_US": "3000", "DDPLITE_TCP_SPIN_US": "3000"}),
     "ddplite-nospin": ("ddplite", {"DDPLITE_SHM_SPIN_US": "0", "DDPLITE_TCP_SPIN_US": "0"}),
-    # a blocked caller's waits spin up to 1 ms (DDPLITE_CALLER_SPIN_US; off by default)
-    "ddplite-callerspin": ("ddplite", {"DDPLITE_CALLER_SPIN_US": "1000"}),
+    # a blocked caller's waits spin up to 1 ms (DDPLITE_CALLER_SPIN_US; off by default): always, and
+    # where the group's trial of spinning against sleeping keeps it (DDPLITE_CALLER_SPIN_TRIAL)
+    "ddplite-callerspin": ("ddplite", {"DDPLITE_CALLER_SPIN_US": "1000", "DDPLITE_CALLER_SPIN_TRIAL": "0"}),
+    "ddplite-spintrial": ("ddplite", {"DDPLITE_CALLER_SPIN_US": "1000"}),
 }
 
 
