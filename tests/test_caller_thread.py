@@ -311,8 +311,9 @@ def test_the_trial_keeps_sleeping_within_its_margin_and_without_measurement_alwa
 
 def test_the_first_op_after_a_switch_is_not_timed():
     """The first op of each block waits out the peers' previous op, run the other way: it is not
-    timed. Here it alone takes 10 ms while every other op spins in 100 us and sleeps in 200 us:
-    spinning is still kept; timing those ops would have made both medians noise."""
+    timed (test_the_trial_takes_turns_in_blocks_and_keeps_the_faster_side finds where the trial
+    ends by that rule). Here those ops alone take 10 ms while every other op spins in 100 us and
+    sleeps in 200 us: spinning is kept."""
     ops = [(seq, 10000.0 if seq % BLOCK == 0 else 100.0, 10000.0 if seq % BLOCK == 0 else 200.0)
            for seq in range(PERIOD, 2 * PERIOD)]
     assert all(_trial(True, ops)[6 * BLOCK:])
