@@ -254,12 +254,15 @@ def test_a_blocked_caller_spins_through_a_late_peer_and_the_worker_sleeps(caller
 
 @needs_schedstat
 def test_the_trial_keeps_a_blocked_caller_sleeping_where_spinning_does_not_make_ops_faster():
-    """As above with DDPLITE_CALLER_SPIN_US=100000 and the trial on (its default), rank 1 20 ms late
-    to every op: a spin does not bring the late rank sooner, so the trial, over the first 40 sync
-    ops, finds spinning no faster (its median within 0.9x of sleeping's) and the 20 ops after it
-    sleep once each and run for a fraction of the 20 ms, as with no caller spin at all."""
-    late_s = 0.02
-    results = run_ranks(workers.sleeps_while_a_peer_is_late, 2, 1, late_s, 20, 40,
+    """As above with DDPLITE_CALLER_SPIN_US=100000 and the trial on (its default), rank 1 100 ms
+    late to every op: a spin does not bring the late rank sooner, so the trial, over the first 30
+    sync ops (it fills by the 26th), finds spinning no faster (its median within 0.9x of
+    sleeping's) and the 10 ops after it sleep once each and run for a fraction of the 100 ms, as
+    with no caller spin at all. 100 ms: a wake-up that a loaded machine delays by 2-8 ms stays far
+    inside the 10% margin (with 20 ms, one busy process beside the test made the trial keep the
+    spin in 3 runs of 8)."""
+    late_s = 0.1
+    results = run_ranks(workers.sleeps_while_a_peer_is_late, 2, 1, late_s, 10, 30,
                         env={"DDPLITE_CPU_TRANSPORT": "tcp", "DDPLITE_CALLER_SPIN_US": "100000"})
     assert all(result["right"] for result in results), results
     sync = results[0]["sync"]
@@ -311,12 +314,14 @@ def test_the_trial_keeps_sleeping_within_its_margin_and_without_measurement_alwa
 
 def test_the_first_op_after_a_switch_is_not_timed():
     """The first op of each block waits out the peers' previous op, run the other way: it is not
-    timed (test_the_trial_takes_turns_in_blocks_and_keeps_the_faster_side finds where the trial
-    ends by that rule). Here those ops alone take 10 ms while every other op spins in 100 us and
-    sleeps in 200 us: spinning is kept."""
-    ops = [(seq, 10000.0 if seq % BLOCK == 0 else 100.0, 10000.0 if seq % BLOCK == 0 else 200.0)
-           for seq in range(PERIOD, 2 * PERIOD)]
-    assert all(_trial(True, ops)[6 * BLOCK:])
+    timed. From sequence number 1, with sleeping faster: spinning's 8th timed op is seq 26 (block 0
+    times seqs 2-7, block 3 from seq 25), so seqs 25 and 26 still spin by their block's turn and
+    every op after them sleeps. Timing every op would have ended the trial at seq 24 (seqs 1-7 and
+    24), and seqs 25-26 would sleep."""
+    spun = _trial(True, [(seq, 200.0, 100.0) for seq in range(1, PERIOD)])
+    assert spun[:26] == [_thue_morse_spins(seq) for seq in range(1, 27)], spun[:26]
+    assert spun[24] and spun[25]
+    assert not any(spun[26:]), spun[26:]
 
 
 def test_each_period_tries_again_and_a_period_of_few_ops_takes_turns_throughout():

@@ -28,15 +28,14 @@ bool CallerSpinTrial::trialOpen() const {
 bool CallerSpinTrial::spins(uint64_t seq) {
   if (!measured_) return true;
   const uint64_t period = seq / kPeriodOps;
-  if (period != period_) {  // a new trial; an unfilled one before it keeps the earlier choice
+  if (period != period_) {  // a new trial
     period_ = period;
     decided_ = false;
     spun_.clear();
     slept_.clear();
   }
   if (trialOpen()) return spinsInTrial(seq);
-  if (!decided_) decide();
-  return spinKept_;
+  return spinKept_;  // decided: record() decides once both sides are full
 }
 
 void CallerSpinTrial::record(uint64_t seq, bool spun, std::chrono::nanoseconds took) {

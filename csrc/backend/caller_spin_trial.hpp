@@ -13,7 +13,9 @@
 //     after a switch also waits out the peers' previous op, run the other way);
 //   * the rest of the period spins only if the spin's median time was below kSpinMargin times the
 //     sleep's, else sleeps (the safe side: a sleeping wait leaves the core to others). A period
-//     with too few ops on the caller to fill its trial takes turns throughout.
+//     with too few ops on the caller to fill its trial takes turns throughout (sync ops among many
+//     async ones, fewer than about two per block: half of them spin). Ops of the group that run
+//     on the worker are not seen: an op after them counts as following the caller op before.
 // Sequence numbers are the group's, so ranks that run the same ops on their callers try the same
 // side at once (a spin pays only if the peers spin as well). A rank may still keep another side
 // than its peers: that changes the time, never the result.
@@ -44,9 +46,6 @@ class CallerSpinTrial {
   // then record() its time.
   bool spins(uint64_t seq);
   void record(uint64_t seq, bool spun, std::chrono::nanoseconds took);
-
-  // The side kept outside trials so far (true: spin).
-  bool keepsSpinning() const { return spinKept_; }
 
  private:
   bool trialOpen() const;

@@ -211,13 +211,14 @@ const std::vector<Knob>& allKnobs() {
               "the group's ranks per CPU, and the segment of a host in a group across hosts; an async op's "
               "wait, on the worker thread, keeps the shorter spin. 1000 ran small all_reduces 1.6x faster at 4 "
               "namespace hosts x 2 ranks on 2 cores, and 3.1-5.5x slower under other load on those cores (4.1x "
-              "beside one busy process). 0: the same spin as async ops (0 to ", kMaximumCallerSpinUs,
+              "beside one busy process); DDPLITE_CALLER_SPIN_TRIAL tries it against sleeping. 0: the same spin as async ops (0 to ", kMaximumCallerSpinUs,
               "). Read when a group is created")},
       {kCallerSpinTrial, *kSwitch.begin(),
        "Where DDPLITE_CALLER_SPIN_US is set: 1: a group's sync ops run on their caller try spinning and sleeping "
-       "by turns, 16 ops each at the start of every 4096 sequence numbers, and the rest of those keep the spin "
-       "only if its median time was under 0.9x the sleep's (backend/caller_spin_trial.hpp); 0: they always "
-       "spin. Read when a group is created"},
+       "by turns, in blocks of 8 sequence numbers at the start of every 256, until each side has timed 8 ops, "
+       "and the rest of those 256 spin only if the spin's median time was under 0.9x the sleep's "
+       "(backend/caller_spin_trial.hpp; where sync ops are few among async ones, a trial may not fill and they "
+       "take turns throughout); 0: they always spin. Read when a group is created"},
       {kSyncOnCaller, *kSwitch.begin(),
        "1: a CPU collective issued with async_op=False runs on the calling thread when nothing else of the "
        "group is queued or running (the caller blocks on it anyway; it saves two thread hand-offs). 0: it "
