@@ -24,6 +24,12 @@ mpirun's launch agent enters each host's namespace under a host name of its own 
 its shared-memory files after the host name), and Open MPI is set up fairly for 2 shared cores:
 `--bind-to none` (each namespace sees the whole machine), `mpi_yield_when_idle 1` (it would busy
 poll otherwise), TCP between hosts and shared memory (vader) inside one.
+orted starts each host's ranks in a session of its own (host 0's share mpirun's), and where the
+kernel's scheduler autogroups are on (kernel.sched_autogroup_enabled=1, as on this VM) every
+session is a group that gets a fair share of the cores against the others: the hosts take turns
+on the 2 cores as if each had a slice of its own. `torch_ddp_lite.bench` under multihost_bench.py
+runs every rank in one session. The header says which held; `--autogroup on|off` sets them for
+the run and restores them after (docs/benchmarks.md, "Hosts that share cores").
 The link: iperf3 from host 0 to host 1, one stream, then both ways at once (what a 2-rank
 all_reduce does), before the first layout.
 
@@ -34,6 +40,7 @@ libopenmpi-dev); every namespace and process it starts is gone when it returns.
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -56,6 +63,7 @@ STORE_PORT = 29620
 BACKENDS = "ddplite,ddplite-handoff,gloo"
 TIME_PER_POINT = 0.3  # seconds per size and backend
 IPERF_SECONDS = 5  # per iperf3 run
+AUTOGROUP = "/proc/sys/kernel/sched_autogroup_enabled"
 STAGES = ("call", "hand-off", "collective", "completion", "return")
 C_PROGRAM = r"""
 /* MPI_Allreduce (float32 sum, in place) timed like torch_ddp_lite.bench: per size, a warm-up sizes
@@ -178,6 +186,36 @@ def iperf(network, seconds, extra):
         server.wait()
 
 
+def read_autogroup(path=AUTOGROUP):
+    """'1' or '0' (the kernel's scheduler autogroups on or off), or None where the kernel has none."""
+    try:
+        with open(path) as source:
+            return source.read().strip()
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def autogroups(setting, path=AUTOGROUP):
+    """The scheduler's autogroups as `setting` says ('keep', 'on', 'off') inside the block, and as
+    they were after it, however it ends. Yields what held inside."""
+    before = read_autogroup(path)
+    if setting == "keep":
+        yield before
+        return
+    if before is None:
+        raise RuntimeError(f"--autogroup {setting}: this kernel has no {path}")
+    wanted = "1" if setting == "on" else "0"
+    try:
+        with open(path, "w") as out:
+            out.write(wanted + "\n")
+        yield read_autogroup(path)
+    finally:
+        if read_autogroup(path) != before:
+            with open(path, "w") as out:
+                out.write(before + "\n")
+
+
 def c_rows(output):
     rows = {}
     for line in output.splitlines():
@@ -261,6 +299,9 @@ def main():
     parser.add_argument("--time-per-point", type=float, default=TIME_PER_POINT, help="seconds per size and backend")
     parser.add_argument("--iperf-seconds", type=int, default=IPERF_SECONDS, help="seconds per iperf3 run (0: no link figures)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds before one mpirun run is killed")
+    parser.add_argument("--autogroup", choices=("keep", "on", "off"), default="keep",
+                        help="the kernel's scheduler autogroups (kernel.sched_autogroup_enabled) during the run, "
+                             "restored after it; keep: as they are (see the module's docstring)")
     parser.add_argument("--markdown", help="write the tables to this file")
     parser.add_argument("--json", help="write the raw figures to this file")
     options = parser.parse_args()
@@ -273,6 +314,8 @@ def main():
         if shutil.which(tool) is None:
             sys.exit(f"crosshost_bench: no {tool} (apt-get install -y {package})")
     max_hosts = max(int(layout.split("x")[0]) for layout in layouts)
+    if options.autogroup != "keep" and read_autogroup() is None:
+        sys.exit(f"crosshost_bench: --autogroup {options.autogroup}: this kernel has no {AUTOGROUP}")
     folder = tempfile.mkdtemp(prefix="ddplite-crosshost-")
     network = test_multihost.Hosts(max(max_hosts, 2), dead_end=False)
     try:
@@ -282,25 +325,26 @@ def main():
             out.write(C_PROGRAM)
         subprocess.run(["mpicc", "-O2", "-o", program, source], check=True)
         agent = write_agent(folder, network)
-        link = {}
-        if options.iperf_seconds > 0:
-            link["one_stream"], _ = iperf(network, options.iperf_seconds, [])
-            link["both_ways"] = iperf(network, options.iperf_seconds, ["--bidir"])
-        results = [run_layout(network, folder, agent, program, layout, options) for layout in layouts]
+        with autogroups(options.autogroup) as autogroup:
+            link = {}
+            if options.iperf_seconds > 0:
+                link["one_stream"], _ = iperf(network, options.iperf_seconds, [])
+                link["both_ways"] = iperf(network, options.iperf_seconds, ["--bidir"])
+            results = [run_layout(network, folder, agent, program, layout, options) for layout in layouts]
     finally:
         network.destroy()
         shutil.rmtree(folder, ignore_errors=True)
-    report = render(options, link, results)
+    report = render(options, link, results, autogroup)
     print(report)
     if options.markdown:
         with open(options.markdown, "w") as out:
             out.write(report + "\n")
     if options.json:
         with open(options.json, "w") as out:
-            json.dump({"link": link, "layouts": results}, out, indent=1)
+            json.dump({"link": link, "autogroup": autogroup, "layouts": results}, out, indent=1)
 
 
-def render(options, link, results):
+def render(options, link, results, autogroup):
     import torch
 
     mpi_version = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
@@ -312,9 +356,15 @@ def render(options, link, results):
         command += f" --time-per-point {options.time_per_point:g}"
     if options.iperf_seconds != IPERF_SECONDS:
         command += f" --iperf-seconds {options.iperf_seconds}"
+    if options.autogroup != "keep":
+        command += f" --autogroup {options.autogroup}"
+    sessions = {"1": "scheduler autogroups on (each host's ranks, in a session of their own, get a fair share of "
+                     "the cores against the other hosts')",
+                "0": "scheduler autogroups off (every rank competes for the cores alone)",
+                None: "no scheduler autogroups in this kernel"}.get(autogroup, f"sched_autogroup_enabled {autogroup}")
     head = [f"Measured {datetime.date.today()} by `sudo python3 scripts/crosshost_bench.py "
             f"{command}` on `{platform.node()}` ({os.cpu_count()} CPUs, load "
-            f"{load:.1f} at the end), torch {torch.__version__}, {mpi_version}. float32 sum; time = median of the "
+            f"{load:.1f} at the end; {sessions}), torch {torch.__version__}, {mpi_version}. float32 sum; time = median of the "
             f"slowest rank per iteration; {', '.join(options.backends.split(','))} interleaved in one run; Open MPI's "
             "column is the faster of its two runs around that one (both in brackets); `vs X` = X's time / "
             "ddplite's (above 1x: ddplite faster)."]

@@ -394,3 +394,43 @@ def test_every_ddplite_column_has_a_row_with_its_settings_in_the_docs():
         assert column in rows, f"{column} has no row in docs/benchmarks.md's columns table"
         written = set(re.findall(r"`([A-Z_]+=[^`]*)`", rows[column]))
         assert written == {f"{name}={value}" for name, value in settings.items()}, (column, written, settings)
+
+
+# scripts/crosshost_bench.py: the scheduler's autogroups, set for a run and put back after it
+
+def _crosshost_bench():
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    try:
+        import crosshost_bench
+    finally:
+        sys.path.pop(0)
+    return crosshost_bench
+
+
+@pytest.mark.parametrize("before", ["1", "0"])
+@pytest.mark.parametrize("setting, inside", [("on", "1"), ("off", "0"), ("keep", None)])
+def test_crosshost_autogroups_hold_inside_the_run_and_come_back_after_it(tmp_path, before, setting, inside):
+    """--autogroup writes kernel.sched_autogroup_enabled for the run only: the setting holds inside
+    the block, and the value before it is back afterwards, after a failure too."""
+    autogroups = _crosshost_bench().autogroups
+    knob = tmp_path / "sched_autogroup_enabled"
+    knob.write_text(before + "\n")
+    with autogroups(setting, path=str(knob)) as held:
+        assert held == knob.read_text().strip() == (inside or before)
+    assert knob.read_text().strip() == before
+    with pytest.raises(KeyboardInterrupt):
+        with autogroups(setting, path=str(knob)):
+            raise KeyboardInterrupt  # what an interrupted run raises through the block
+    assert knob.read_text().strip() == before
+
+
+def test_crosshost_autogroups_without_the_knob(tmp_path):
+    """A kernel without autogroups: 'keep' runs and says so (None), 'on' and 'off' refuse."""
+    autogroups = _crosshost_bench().autogroups
+    missing = str(tmp_path / "absent")
+    with autogroups("keep", path=missing) as held:
+        assert held is None
+    for setting in ("on", "off"):
+        with pytest.raises(RuntimeError, match=f"--autogroup {setting}: this kernel has no"):
+            with autogroups(setting, path=missing):
+                pass
