@@ -3,6 +3,7 @@
 Sweeps are tiny (8 B to 1 KB, two ranks, a few iterations); no performance is asserted.
 """
 
+import importlib
 import json
 import math
 import os
@@ -290,13 +291,17 @@ def test_size_list_and_its_description():
 
 # scripts/bench_today.py: the headline run of docs/benchmarks.md
 
-def _bench_today():
+def _script(name):
+    """The module of scripts/<name>.py."""
     sys.path.insert(0, os.path.join(REPO, "scripts"))
     try:
-        import bench_today
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
-    return bench_today
+
+
+def _bench_today():
+    return _script("bench_today")
 
 
 def _today_row(op, backend, nbytes, time_us, busbw):
@@ -398,21 +403,12 @@ def test_every_ddplite_column_has_a_row_with_its_settings_in_the_docs():
 
 # scripts/crosshost_bench.py: the scheduler's autogroups, set for a run and put back after it
 
-def _crosshost_bench():
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    try:
-        import crosshost_bench
-    finally:
-        sys.path.pop(0)
-    return crosshost_bench
-
-
 @pytest.mark.parametrize("before", ["1", "0"])
 @pytest.mark.parametrize("setting, inside", [("on", "1"), ("off", "0"), ("keep", None)])
 def test_crosshost_autogroups_hold_inside_the_run_and_come_back_after_it(tmp_path, before, setting, inside):
     """--autogroup writes kernel.sched_autogroup_enabled for the run only: the setting holds inside
     the block, and the value before it is back afterwards, after a failure too."""
-    autogroups = _crosshost_bench().autogroups
+    autogroups = _script("crosshost_bench").autogroups
     knob = tmp_path / "sched_autogroup_enabled"
     knob.write_text(before + "\n")
     with autogroups(setting, path=str(knob)) as held:
@@ -426,7 +422,7 @@ def test_crosshost_autogroups_hold_inside_the_run_and_come_back_after_it(tmp_pat
 
 def test_crosshost_autogroups_without_the_knob(tmp_path):
     """A kernel without autogroups: 'keep' runs and says so (None), 'on' and 'off' refuse."""
-    autogroups = _crosshost_bench().autogroups
+    autogroups = _script("crosshost_bench").autogroups
     missing = str(tmp_path / "absent")
     with autogroups("keep", path=missing) as held:
         assert held is None
