@@ -24,12 +24,14 @@ mpirun's launch agent enters each host's namespace under a host name of its own 
 its shared-memory files after the host name), and Open MPI is set up fairly for 2 shared cores:
 `--bind-to none` (each namespace sees the whole machine), `mpi_yield_when_idle 1` (it would busy
 poll otherwise), TCP between hosts and shared memory (vader) inside one.
-orted starts each host's ranks in a session of its own (host 0's share mpirun's), and where the
-kernel's scheduler autogroups are on (kernel.sched_autogroup_enabled=1, as on this VM) every
-session is a group that gets a fair share of the cores against the others: the hosts take turns
-on the 2 cores as if each had a slice of its own. `torch_ddp_lite.bench` under multihost_bench.py
-runs every rank in one session. The header says which held; `--autogroup on|off` sets them for
-the run and restores them after (docs/benchmarks.md, "Hosts that share cores").
+orted starts each host's ranks in a session of its own (`plm_rsh_no_tree_spawn 1` starts orted
+with --daemonize, which calls setsid(); host 0's ranks share mpirun's session), and where the
+kernel's scheduler autogroups are on (kernel.sched_autogroup_enabled=1, as on the VM of
+docs/benchmarks.md, whose ranks sit in the root cpu cgroup) every session is a group that gets a
+fair share of the cores against the others: the hosts take turns on the 2 cores as if each had a
+slice of its own. multihost_bench.py starts every rank in one session. The header says which
+held; `--autogroup on|off` sets them for the run and restores them after it, however it ends
+short of SIGKILL (docs/benchmarks.md, "Hosts that share cores").
 The link: iperf3 from host 0 to host 1, one stream, then both ways at once (what a 2-rank
 all_reduce does), before the first layout.
 
@@ -195,6 +197,15 @@ def read_autogroup(path=AUTOGROUP):
         return None
 
 
+def describe_autogroup(value):
+    """The header's words for read_autogroup()'s value. The value is the sysctl's; it only takes
+    effect for tasks in the root cpu cgroup (as on the VM of docs/benchmarks.md)."""
+    return {"1": "scheduler autogroups on (each host's ranks, in a session of their own, get a fair share of the "
+                 "cores against the other hosts')",
+            "0": "scheduler autogroups off (every rank competes for the cores alone)",
+            None: "no scheduler autogroups in this kernel"}.get(value, f"sched_autogroup_enabled {value}")
+
+
 @contextlib.contextmanager
 def autogroups(setting, path=AUTOGROUP):
     """The scheduler's autogroups as `setting` says ('keep', 'on', 'off') inside the block, and as
@@ -314,8 +325,10 @@ def main():
         if shutil.which(tool) is None:
             sys.exit(f"crosshost_bench: no {tool} (apt-get install -y {package})")
     max_hosts = max(int(layout.split("x")[0]) for layout in layouts)
-    if options.autogroup != "keep" and read_autogroup() is None:
-        sys.exit(f"crosshost_bench: --autogroup {options.autogroup}: this kernel has no {AUTOGROUP}")
+    if options.autogroup != "keep" and (read_autogroup() is None or not os.access(AUTOGROUP, os.W_OK)):
+        # before any namespace is made (autogroups() checks the file again)
+        sys.exit(f"crosshost_bench: --autogroup {options.autogroup}: this kernel has no {AUTOGROUP}, or it is "
+                 "read-only here (a container?)")
     folder = tempfile.mkdtemp(prefix="ddplite-crosshost-")
     network = test_multihost.Hosts(max(max_hosts, 2), dead_end=False)
     try:
@@ -358,13 +371,9 @@ def render(options, link, results, autogroup):
         command += f" --iperf-seconds {options.iperf_seconds}"
     if options.autogroup != "keep":
         command += f" --autogroup {options.autogroup}"
-    sessions = {"1": "scheduler autogroups on (each host's ranks, in a session of their own, get a fair share of "
-                     "the cores against the other hosts')",
-                "0": "scheduler autogroups off (every rank competes for the cores alone)",
-                None: "no scheduler autogroups in this kernel"}.get(autogroup, f"sched_autogroup_enabled {autogroup}")
     head = [f"Measured {datetime.date.today()} by `sudo python3 scripts/crosshost_bench.py "
             f"{command}` on `{platform.node()}` ({os.cpu_count()} CPUs, load "
-            f"{load:.1f} at the end; {sessions}), torch {torch.__version__}, {mpi_version}. float32 sum; time = median of the "
+            f"{load:.1f} at the end; {describe_autogroup(autogroup)}), torch {torch.__version__}, {mpi_version}. float32 sum; time = median of the "
             f"slowest rank per iteration; {', '.join(options.backends.split(','))} interleaved in one run; Open MPI's "
             "column is the faster of its two runs around that one (both in brackets); `vs X` = X's time / "
             "ddplite's (above 1x: ddplite faster)."]

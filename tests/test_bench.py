@@ -293,11 +293,12 @@ def test_size_list_and_its_description():
 
 def _script(name):
     """The module of scripts/<name>.py."""
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    scripts = os.path.join(REPO, "scripts")
+    sys.path.insert(0, scripts)
     try:
         return importlib.import_module(name)
     finally:
-        sys.path.pop(0)
+        sys.path.remove(scripts)  # the module may have put paths of its own in front
 
 
 def _bench_today():
@@ -418,6 +419,30 @@ def test_crosshost_autogroups_hold_inside_the_run_and_come_back_after_it(tmp_pat
         with autogroups(setting, path=str(knob)):
             raise KeyboardInterrupt  # what an interrupted run raises through the block
     assert knob.read_text().strip() == before
+
+
+def test_crosshost_autogroups_kept_are_never_written(tmp_path, monkeypatch):
+    """'keep' only reads the knob, whatever its value."""
+    crosshost_bench = _script("crosshost_bench")
+    knob = tmp_path / "sched_autogroup_enabled"
+    knob.write_text("1\n")
+    modes = []
+
+    def spying_open(path, mode="r", *args, **kwargs):
+        modes.append(mode)
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(crosshost_bench, "open", spying_open, raising=False)
+    with crosshost_bench.autogroups("keep", path=str(knob)) as held:
+        assert held == "1"
+    assert modes == ["r"]
+
+
+@pytest.mark.parametrize("value, words", [("1", "scheduler autogroups on (each host's ranks"),
+                                          ("0", "scheduler autogroups off"), (None, "no scheduler autogroups"),
+                                          ("2", "sched_autogroup_enabled 2")])
+def test_crosshost_header_names_the_autogroups(value, words):
+    assert _script("crosshost_bench").describe_autogroup(value).startswith(words)
 
 
 def test_crosshost_autogroups_without_the_knob(tmp_path):
